@@ -1,0 +1,106 @@
+"""Builds tfhvd: the Python package plus one TensorFlow custom-op library.
+
+The library is compiled by CMake from ``tfhvd_ops/`` against the TensorFlow
+installed in the running Python (``tf.sysconfig`` flags), with MPI found
+through ``mpicc``.  Install with ``pip install --no-build-isolation .`` so
+that the library links the same TensorFlow it will run with (``make setup``
+does this for you).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_requirements() -> list:
+    """Dependencies, pinned in requirements.txt (the one place)."""
+    reqs = []
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        for line in f:
+            line = line.split("#")[0].strip()
+            if line and not line.startswith("-") and not line.startswith("pytest"):
+                reqs.append(line)
+    return reqs
+
+
+def read_version() -> str:
+    scope: dict = {}
+    with open(os.path.join(ROOT, "tfhvd", "version.py")) as f:
+        exec(f.read(), scope)
+    return scope["__version__"]
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    """Configures (once) and builds tfhvd_ops/ with CMake; rebuilds only what changed."""
+
+    def get_ext_filename(self, ext_name: str) -> str:
+        return os.path.join(*ext_name.split(".")) + ".so"
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            import tensorflow as tf
+        except ImportError:
+            sys.exit(
+                "tfhvd: TensorFlow is not installed in this Python (%s).\n"
+                "Install it first: %s -m pip install tensorflow==2.21.0\n"
+                "(`make setup` does the whole set-up for you)." % (sys.executable, sys.executable)
+            )
+        if shutil.which("mpicc") is None:
+            sys.exit(
+                "tfhvd: MPI was not found (no `mpicc` on PATH).\n"
+                "Install OpenMPI: sudo apt-get install -y openmpi-bin libopenmpi-dev\n"
+                "(`make setup` installs it for you when run as root)."
+            )
+        build_dir = os.environ.get("TFHVD_BUILD_DIR", os.path.join(ROOT, "build"))
+        target = os.path.abspath(self.get_ext_fullpath(ext.name))
+        os.makedirs(build_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        cflags = " ".join(tf.sysconfig.get_compile_flags())
+        lflags = " ".join(tf.sysconfig.get_link_flags())
+        args = [
+            "-DTF_COMPILE_FLAGS=" + cflags,
+            "-DTF_LINK_FLAGS=" + lflags,
+            "-DTFHVD_OUTPUT_DIR=" + build_dir,
+            "-DCMAKE_BUILD_TYPE=" + os.environ.get("TFHVD_BUILD_TYPE", "Release"),
+        ]
+        stamp = os.path.join(build_dir, "tfhvd-configure-args")
+        old = open(stamp).read() if os.path.exists(stamp) else None
+        if old != "\n".join(args) or not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+            subprocess.check_call(
+                ["cmake", "-S", os.path.join(ROOT, "tfhvd_ops"), "-B", build_dir] + args
+            )
+            with open(stamp, "w") as f:
+                f.write("\n".join(args))
+        jobs = str(os.cpu_count() or 2)
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+        built = os.path.join(build_dir, "tfhvd_ops.so")
+        if not os.path.exists(target) or os.path.getmtime(built) > os.path.getmtime(target):
+            shutil.copy2(built, target)
+
+
+setup(
+    name="tfhvd",
+    version=read_version(),
+    description="Horovod-compatible data-parallel training for TensorFlow 2.21+ and Keras 3",
+    long_description=open(os.path.join(ROOT, "README.md")).read()
+    if os.path.exists(os.path.join(ROOT, "README.md"))
+    else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["tfhvd", "tfhvd.*"]),
+    ext_modules=[CMakeExtension("tfhvd.tfhvd_ops")],
+    cmdclass={"build_ext": CMakeBuild},
+    install_requires=read_requirements(),
+    zip_safe=False,
+)

@@ -1,0 +1,231 @@
+// Tests of the core runtime without TensorFlow.
+//
+// Run alone it checks the pieces that need no peer (settings parsing, message
+// round trips, fp16 conversion, the coordinator's negotiation and fusion).
+// Run under `mpirun -np N` it also drives the real runtime over MPI with a
+// plain-memory Tensor: allreduce, fusion, allgather with uneven first
+// dimensions, and a mismatch error followed by a successful op.
+// Prints "N passed, M failed" and exits non-zero on any failure.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../../tfhvd_ops/core/c_api.h"
+#include "../../tfhvd_ops/core/controller.h"
+#include "../../tfhvd_ops/core/cpu_math.h"
+#include "../../tfhvd_ops/core/message.h"
+#include "../../tfhvd_ops/core/settings.h"
+
+using namespace tfhvd;
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (cond) {                                                              \
+      ++g_passed;                                                            \
+    } else {                                                                 \
+      ++g_failed;                                                            \
+      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                        \
+  } while (0)
+
+class HostTensor : public Tensor {
+ public:
+  HostTensor(DataType dt, Shape s) : dt_(dt), shape_(std::move(s)) {
+    buf_.resize(NumElements(shape_) * DataTypeSize(dt_));
+  }
+  DataType dtype() const override { return dt_; }
+  const Shape& shape() const override { return shape_; }
+  const void* data() const override { return buf_.data(); }
+  void* mutable_data() override { return buf_.data(); }
+  int64_t size_bytes() const override { return static_cast<int64_t>(buf_.size()); }
+  float* f() { return reinterpret_cast<float*>(buf_.data()); }
+
+ private:
+  DataType dt_;
+  Shape shape_;
+  std::vector<char> buf_;
+};
+
+class HostContext : public OpContext {
+ public:
+  Status AllocateOutput(int index, const Shape& shape, std::shared_ptr<Tensor>* out) override {
+    auto t = std::make_shared<HostTensor>(DataType::kFloat32, shape);
+    outputs[index] = t;
+    *out = t;
+    return Status::OK();
+  }
+  std::map<int, std::shared_ptr<HostTensor>> outputs;
+};
+
+void TestSettings() {
+  std::map<std::string, std::string> env = {{"HOROVOD_FUSION_THRESHOLD", "1024"},
+                                            {"TFHVD_CYCLE_TIME", "2.5"},
+                                            {"HOROVOD_LOG_LEVEL", "debug"}};
+  auto lookup = [&](const std::string& k, std::string* v) {
+    auto it = env.find(k);
+    if (it == env.end()) return false;
+    *v = it->second;
+    return true;
+  };
+  Settings s;
+  CHECK(ParseSettings(lookup, &s).ok());
+  CHECK(s.fusion_threshold_bytes == 1024);
+  CHECK(s.cycle_time_ms == 2.5);
+  CHECK(s.log_level == LogLevel::kDebug);
+  env["TFHVD_FUSION_THRESHOLD"] = "2048";  // TFHVD_ wins over HOROVOD_
+  CHECK(ParseSettings(lookup, &s).ok() && s.fusion_threshold_bytes == 2048);
+  env["TFHVD_CACHE_CAPACITY"] = "lots";
+  Status st = ParseSettings(lookup, &s);
+  CHECK(!st.ok() && st.message().find("TFHVD_CACHE_CAPACITY") != std::string::npos);
+}
+
+void TestMessages() {
+  RequestList l;
+  l.shutdown = true;
+  Request r;
+  r.rank = 3;
+  r.name = "grad/0";
+  r.params.shape = {2, 3};
+  r.params.splits = {1, 1};
+  l.requests.push_back(r);
+  l.cached_ids = {4, 5};
+  RequestList back;
+  CHECK(Parse(Serialize(l), &back));
+  CHECK(back.shutdown && back.requests.size() == 1 && back.requests[0].name == "grad/0");
+  CHECK(back.requests[0].params.shape == Shape({2, 3}) && back.cached_ids.size() == 2);
+  std::string bytes = Serialize(l);
+  bytes.pop_back();
+  CHECK(!Parse(bytes, &back));
+}
+
+void TestHalf() {
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 0.000061035156f, 3.0e-7f}) {
+    CHECK(std::fabs(HalfToFloat(FloatToHalf(f)) - f) <= std::fabs(f) * 1e-3f + 1e-7f);
+  }
+  CHECK(BFloat16ToFloat(FloatToBFloat16(3.0f)) == 3.0f);
+  uint16_t a[2] = {FloatToHalf(1.5f), FloatToHalf(2.0f)};
+  uint16_t b[2] = {FloatToHalf(0.5f), FloatToHalf(-4.0f)};
+  Reduce16(a, b, 2, false, ReduceOp::kSum);
+  CHECK(HalfToFloat(b[0]) == 2.0f && HalfToFloat(b[1]) == -2.0f);
+}
+
+void TestCoordinator() {
+  Settings s;
+  s.fusion_threshold_bytes = 64;
+  ResponseCache cache(16);
+  Logger log(LogLevel::kFatal, 0);
+  Coordinator c(2, s, &cache, &log);
+  auto now = Coordinator::Clock::now();
+  auto req = [](int rank, const std::string& name, Shape shape) {
+    Request r;
+    r.rank = rank;
+    r.name = name;
+    r.params.shape = std::move(shape);
+    return r;
+  };
+  RequestList r0, r1;
+  r0.requests = {req(0, "a", {4}), req(0, "b", {4}), req(0, "c", {100}), req(0, "bad", {2})};
+  r1.requests = {req(1, "c", {100}), req(1, "b", {4}), req(1, "a", {4}), req(1, "bad", {3})};
+  c.AddRequests(0, r0, now);
+  CHECK(c.Compute(now).responses.empty());  // nothing is ready on one rank
+  c.AddRequests(1, r1, now);
+  ResponseList out = c.Compute(now);
+  // c (400 bytes) exceeds the 64-byte threshold alone; b and a fuse.
+  int fused = 0, errors = 0;
+  for (const auto& r : out.responses) {
+    if (r.kind == ResponseKind::kError) {
+      ++errors;
+      CHECK(r.error.find("'bad'") != std::string::npos);
+      CHECK(r.error.find("rank 0 sent shape [2]; rank 1 sent shape [3]") != std::string::npos);
+    } else if (r.names.size() == 2) {
+      ++fused;
+    }
+  }
+  CHECK(fused == 1 && errors == 1 && out.responses.size() == 3);
+  CHECK(!c.HasPending());
+  // The second step goes through the cache.
+  CHECK(cache.Lookup("a", req(0, "a", {4}).params) >= 0);
+  CHECK(cache.Lookup("a", req(0, "a", {5}).params) < 0);
+}
+
+Status Allreduce(const std::string& name, std::shared_ptr<HostTensor> in,
+                 std::shared_ptr<HostTensor> out, ReduceOp op) {
+  std::promise<Status> p;
+  TensorTableEntry e;
+  e.name = name;
+  e.params.type = CollectiveType::kAllreduce;
+  e.params.dtype = DataType::kFloat32;
+  e.params.shape = in->shape();
+  e.params.reduce_op = op;
+  e.input = in;
+  e.output = out;
+  e.context = std::make_shared<HostContext>();
+  e.callback = [&p](const Status& s) { p.set_value(s); };
+  std::vector<TensorTableEntry> v;
+  v.push_back(std::move(e));
+  Status st = EnqueueEntries(std::move(v));
+  if (!st.ok()) return st;
+  return p.get_future().get();
+}
+
+void TestRuntime() {
+  char err[512];
+  if (tfhvd_init(nullptr, 0, nullptr, err, sizeof(err)) != 0) {
+    std::fprintf(stderr, "init failed: %s\n", err);
+    ++g_failed;
+    return;
+  }
+  const int rank = tfhvd_rank(), size = tfhvd_size();
+  // Plain allreduce (Average).
+  auto in = std::make_shared<HostTensor>(DataType::kFloat32, Shape{5});
+  auto out = std::make_shared<HostTensor>(DataType::kFloat32, Shape{5});
+  for (int i = 0; i < 5; ++i) in->f()[i] = static_cast<float>(rank + i);
+  CHECK(Allreduce("x", in, out, ReduceOp::kAverage).ok());
+  CHECK(std::fabs(out->f()[0] - (size - 1) / 2.0f) < 1e-6f);
+  // Many tensors at once: fused.
+  std::vector<std::future<Status>> futs;
+  std::vector<std::shared_ptr<HostTensor>> outs;
+  for (int t = 0; t < 20; ++t) {
+    auto i2 = std::make_shared<HostTensor>(DataType::kFloat32, Shape{3});
+    auto o2 = std::make_shared<HostTensor>(DataType::kFloat32, Shape{3});
+    for (int k = 0; k < 3; ++k) i2->f()[k] = static_cast<float>(t);
+    outs.push_back(o2);
+    futs.push_back(std::async(std::launch::async, [t, i2, o2] {
+      return Allreduce("many" + std::to_string(t), i2, o2, ReduceOp::kSum);
+    }));
+  }
+  for (int t = 0; t < 20; ++t) {
+    CHECK(futs[t].get().ok());
+    CHECK(outs[t]->f()[2] == static_cast<float>(t * size));
+  }
+  // A mismatch fails on every rank, then the runtime keeps working.
+  if (size > 1) {
+    auto bad = std::make_shared<HostTensor>(DataType::kFloat32, Shape{rank + 1});
+    auto bad_out = std::make_shared<HostTensor>(DataType::kFloat32, Shape{rank + 1});
+    Status st = Allreduce("mismatch", bad, bad_out, ReduceOp::kSum);
+    CHECK(!st.ok() && st.message().find("mismatch") != std::string::npos);
+  }
+  CHECK(Allreduce("after", in, out, ReduceOp::kMax).ok());
+  CHECK(out->f()[4] == static_cast<float>(size - 1 + 4));
+  tfhvd_finalize();
+}
+
+}  // namespace
+
+int main() {
+  TestSettings();
+  TestMessages();
+  TestHalf();
+  TestCoordinator();
+  TestRuntime();
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

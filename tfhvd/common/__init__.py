@@ -1,0 +1,1 @@
+"""Framework-neutral pieces: the compiled library, lifecycle, topology, errors."""

@@ -1,0 +1,250 @@
+"""Lifecycle and topology: ``init``, ``shutdown``, ``rank``, ``size`` and friends.
+
+These are the same for every front end; ``tfhvd.tensorflow`` and the Keras
+modules re-export them.
+"""
+
+import atexit
+import ctypes
+from typing import Any, Dict, Optional, Sequence, Union
+
+from tfhvd.common import library
+from tfhvd.common.exceptions import NotInitializedError
+
+_ERR_LEN = 4096
+_atexit_registered = False
+
+# StatusCode values of the core (tfhvd_ops/core/common.h).
+_INVALID_ARGUMENT = 1
+
+
+def _comm_handle(comm: Any) -> int:
+    """The C handle of an mpi4py communicator."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # pragma: no cover - mpi4py is a dependency
+        raise TypeError("init(comm=...) got a communicator but mpi4py is not importable") from e
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(
+            "init(comm=...) takes an mpi4py communicator or a list of ranks, got %r" % (comm,)
+        )
+    if comm == MPI.COMM_NULL:
+        raise ValueError("init(comm=...) got MPI.COMM_NULL")
+    return MPI._handleof(comm)
+
+
+def init(
+    comm: Optional[Union[Sequence[int], Any]] = None,
+    process_sets: Optional[Any] = None,
+) -> None:
+    """Starts tfhvd on this process.  Calling it again is harmless.
+
+    Args:
+      comm: ``None`` for every process of the MPI job, a list of world ranks
+        (every process must make the same call), or an mpi4py communicator.
+      process_sets: Horovod's argument; only the global process set exists in
+        tfhvd, so anything but ``None`` or an empty list raises.
+
+    A program started without ``mpirun`` runs as a job of size 1.
+    """
+    global _atexit_registered
+    if process_sets not in (None, [], ()):
+        raise NotImplementedError(
+            "tfhvd supports only the global process set; init(process_sets=...) must be empty"
+        )
+    lib = library.capi()
+    ranks_arr = None
+    nranks = 0
+    handle = None
+    if comm is not None:
+        if isinstance(comm, (list, tuple, range)):
+            ranks = [int(r) for r in comm]
+            if not ranks:
+                raise ValueError("init(comm=[]) needs at least one rank")
+            if len(set(ranks)) != len(ranks):
+                raise ValueError("init(comm=%r) lists a rank twice" % (ranks,))
+            ranks_arr = (ctypes.c_int * len(ranks))(*ranks)
+            nranks = len(ranks)
+        else:
+            handle = ctypes.c_void_p(_comm_handle(comm))
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = lib.tfhvd_init(ranks_arr, nranks, handle, err, _ERR_LEN)
+    if rc != 0:
+        msg = err.value.decode(errors="replace")
+        if rc == _INVALID_ARGUMENT:
+            raise ValueError(msg)
+        raise RuntimeError(msg)
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def _at_exit() -> None:
+    """Shuts the runtime down and finalises MPI if tfhvd initialised it."""
+    library.capi().tfhvd_finalize()
+
+
+def shutdown() -> None:
+    """Stops the runtime.  Collective: every rank should call it.
+
+    Collectives still pending fail with an error.  ``init()`` may be called again.
+    """
+    library.capi().tfhvd_shutdown()
+
+
+def is_initialized() -> bool:
+    """Whether ``init()`` has been called (and ``shutdown()`` has not)."""
+    return bool(library.capi().tfhvd_is_initialized())
+
+
+def _topology(fn_name: str) -> int:
+    value = getattr(library.capi(), fn_name)()
+    if value < 0:
+        raise NotInitializedError()
+    return int(value)
+
+
+def rank() -> int:
+    """This process's rank, 0 <= rank < size()."""
+    return _topology("tfhvd_rank")
+
+
+def size() -> int:
+    """The number of processes in the job."""
+    return _topology("tfhvd_size")
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its node."""
+    return _topology("tfhvd_local_rank")
+
+
+def local_size() -> int:
+    """The number of processes on this node."""
+    return _topology("tfhvd_local_size")
+
+
+def cross_rank() -> int:
+    """The index of this node among nodes (processes with the same local rank)."""
+    return _topology("tfhvd_cross_rank")
+
+
+def cross_size() -> int:
+    """The number of nodes that have a process with this local rank."""
+    return _topology("tfhvd_cross_size")
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of processes."""
+    return bool(_topology("tfhvd_is_homogeneous"))
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (other threads may use mpi4py)."""
+    return bool(_topology("tfhvd_mpi_threads_supported"))
+
+
+def mpi_built() -> bool:
+    """Whether this build has the MPI backend (always true)."""
+    return bool(library.capi().tfhvd_mpi_built())
+
+
+def mpi_enabled() -> bool:
+    """Whether MPI is the controller in use (always true for tfhvd)."""
+    return mpi_built()
+
+
+def nccl_built() -> bool:
+    """Whether this build has NCCL GPU collectives."""
+    return bool(library.capi().tfhvd_nccl_built())
+
+
+def cuda_built() -> bool:
+    """Whether this build was compiled with CUDA."""
+    return bool(library.capi().tfhvd_cuda_built())
+
+
+def gloo_built() -> bool:
+    """Horovod compatibility: tfhvd has no Gloo controller."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Horovod compatibility: tfhvd has no Gloo controller."""
+    return False
+
+
+def rocm_built() -> bool:
+    """Horovod compatibility: tfhvd has no ROCm build."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Horovod compatibility: tfhvd has no DDL build."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Horovod compatibility: tfhvd has no oneCCL build."""
+    return False
+
+
+def settings() -> Dict[str, str]:
+    """The runtime settings parsed from the environment (TFHVD_* or HOROVOD_*).
+
+    Raises ValueError naming the variable when a value does not parse.
+    """
+    buf = ctypes.create_string_buffer(_ERR_LEN)
+    rc = library.capi().tfhvd_parse_settings(buf, _ERR_LEN)
+    text = buf.value.decode()
+    if rc != 0:
+        raise ValueError(text)
+    out: Dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        out[key] = value
+    return out
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome-trace timeline of this rank to ``file_path``."""
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = library.capi().tfhvd_start_timeline(file_path.encode(), int(mark_cycles), err, _ERR_LEN)
+    if rc != 0:
+        msg = err.value.decode(errors="replace")
+        if "initialized" in msg:
+            raise NotInitializedError()
+        raise ValueError(msg)
+
+
+def stop_timeline() -> None:
+    """Stops the timeline started by :func:`start_timeline` (the file stays valid JSON)."""
+    library.capi().tfhvd_stop_timeline()
+
+
+class ProcessSet:
+    """Horovod's process set; tfhvd has only the global one (id 0)."""
+
+    process_set_id = 0
+
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+    def included(self) -> bool:
+        return is_initialized()
+
+    def __repr__(self) -> str:
+        return "ProcessSet(process_set_id=0, global)"
+
+
+global_process_set = ProcessSet()
+
+
+def check_process_set(process_set: Optional[ProcessSet]) -> None:
+    """Raises for any process set but the global one."""
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise NotImplementedError("tfhvd supports only the global process set")
+

@@ -1,0 +1,39 @@
+"""``import tfhvd.tensorflow as hvd``: Horovod's TensorFlow API on tfhvd's runtime.
+
+A Horovod script runs with only its import changed::
+
+    import tfhvd.tensorflow as hvd
+    hvd.init()
+    tape = hvd.DistributedGradientTape(tape)
+"""
+
+from tfhvd.common.basics import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built,
+                                 ddl_built, global_process_set, gloo_built, gloo_enabled, init,
+                                 is_homogeneous, is_initialized, local_rank, local_size,
+                                 mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                 rocm_built, settings, shutdown, size, start_timeline,
+                                 stop_timeline)
+from tfhvd.common.exceptions import HorovodInternalError, TfhvdInternalError
+from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
+                                            grouped_allreduce, grouped_reducescatter,
+                                            reducescatter)
+from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
+                                      alltoall, barrier, broadcast, grouped_allgather, join,
+                                      local_rank_op, local_size_op, process_set_included_op,
+                                      rank_op, size_op)
+from tfhvd.version import __version__
+
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "HorovodInternalError",
+    "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
+    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
+    "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
+    "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "process_set_included_op", "rank", "rank_op", "reducescatter", "rocm_built", "settings",
+    "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
+]

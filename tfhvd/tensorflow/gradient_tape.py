@@ -1,0 +1,207 @@
+"""Allreducing gradients: ``allreduce`` for dense and sparse tensors, and
+``DistributedGradientTape``."""
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from tfhvd.common import basics
+from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _grouped_allreduce,
+                                      allgather, grouped_allgather)
+
+
+def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
+    """Horovod's `average=` argument is the old spelling of `op=`."""
+    if op is not None and average is not None:
+        raise ValueError("give either op= or the deprecated average=, not both")
+    if average is not None:
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
+                      postscale_factor: float, name: Optional[str]) -> tf.IndexedSlices:
+    """Reduces IndexedSlices by gathering every rank's values and indices."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("tfhvd reduces tf.IndexedSlices only with Average or Sum; "
+                                  "use sparse_as_dense=True for other ops")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("scale factors are not supported for tf.IndexedSlices; "
+                                  "use sparse_as_dense=True")
+    values = allgather(t.values, name=None if name is None else name + "_values")
+    indices = allgather(t.indices, name=None if name is None else name + "_indices")
+    if op == Average:
+        values = values / tf.cast(basics.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=t.dense_shape)
+
+
+def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
+              device_sparse: str = "", compression=Compression.none, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False):
+    """Reduces ``tensor`` over all ranks (Average by default).
+
+    ``tf.IndexedSlices`` (embedding gradients) are gathered rather than
+    densified.  Integer averages truncate toward zero, as in Horovod.
+    """
+    check_process_set(process_set)
+    op = _resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op: Optional[int] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False, name: Optional[str] = None) -> List[Any]:
+    """Reduces a list of tensors as one negotiated, fused group (order kept)."""
+    check_process_set(process_set)
+    op = _resolve_op(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    out: List[Any] = [None] * len(tensors)
+    dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    sparse_idx = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    for j, i in enumerate(sparse_idx):
+        out[i] = _sparse_allreduce(tensors[i], op, prescale_factor, postscale_factor,
+                                   None if name is None else "%s_sparse_%d" % (name, j))
+    if dense_idx:
+        pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_idx]
+        reduced = _grouped_allreduce([p[0] for p in pairs], name=name, op=op,
+                                     prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor,
+                                     ignore_name_scope=ignore_name_scope)
+        for i, (_, ctx), r in zip(dense_idx, pairs, reduced):
+            out[i] = compression.decompress(r, ctx)
+    return out
+
+
+def reducescatter(tensor, device_dense: str = "", compression=Compression.none,
+                  op: int = Average, name: Optional[str] = None,
+                  process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+    """Reduces ``tensor`` over ranks and gives each rank its slice of the first dimension.
+
+    With a first dimension ``d`` that ``size()`` does not divide, the first
+    ``d % size()`` ranks get one row more.
+    """
+    from tfhvd.tensorflow.mpi_ops import _reducescatter
+
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    out = _reducescatter(compressed, name=name, op=op, ignore_name_scope=ignore_name_scope,
+                         process_set=process_set, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense: str = "", compression=Compression.none,
+                          op: int = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: Optional[str] = None):
+    """Reduce-scatters a list of tensors in one op."""
+    from tfhvd.tensorflow.mpi_ops import _grouped_reducescatter
+
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _grouped_reducescatter([p[0] for p in pairs], name=name, op=op,
+                                  process_set=process_set, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Mixin body: ``gradient()`` allreduces what the wrapped tape computed."""
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        grads = super(self.__class__, self).gradient(target, sources, output_gradients,
+                                                     **kwargs)
+        return self._tfhvd_allreduce(grads, sources)
+
+    def register_local_source(self, source) -> None:
+        """Keeps ``source``'s gradient local (not reduced), e.g. for local layers."""
+        self._tfhvd_local.add(id(source))
+
+    def _tfhvd_allreduce(self, grads, sources):
+        if basics.size() == 1:
+            return grads
+        flat_grads = tf.nest.flatten(grads)
+        flat_sources = tf.nest.flatten(sources)
+        reduce_idx = [i for i, g in enumerate(flat_grads)
+                      if g is not None and id(flat_sources[i]) not in self._tfhvd_local]
+        todo = []
+        for i in reduce_idx:
+            g = flat_grads[i]
+            if self._tfhvd_sparse_as_dense and isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            todo.append(g)
+        op = self._tfhvd_op
+        pre = post = 1.0
+        if op == Average and self._tfhvd_predivide != 1.0:
+            pre, post = 1.0 / self._tfhvd_predivide, self._tfhvd_predivide
+        reduced: List[Any] = []
+        for group in _split_groups(todo, self._tfhvd_groups):
+            reduced.extend(grouped_allreduce(
+                group, compression=self._tfhvd_compression, op=op, prescale_factor=pre,
+                postscale_factor=post,
+                name=None if tf.executing_eagerly() else "DistributedGradientTape_Allreduce"))
+        for i, r in zip(reduce_idx, reduced):
+            flat_grads[i] = r
+        return tf.nest.pack_sequence_as(grads, flat_grads)
+
+
+def _split_groups(tensors: List[Any], groups) -> List[List[Any]]:
+    """Horovod's ``groups``: an int (that many groups) or None (one group)."""
+    if not tensors:
+        return []
+    if isinstance(groups, int) and groups > 0:
+        n = min(groups, len(tensors))
+        return [tensors[len(tensors) * k // n:len(tensors) * (k + 1) // n] for k in range(n)]
+    return [tensors]
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "", compression=Compression.none,
+                            sparse_as_dense: bool = False, op: int = Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups=None, process_set: ProcessSet = global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Wraps a ``tf.GradientTape`` so that ``gradient()`` returns gradients
+    averaged (``op``) over all ranks.
+
+    Args:
+      compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the wire.
+      sparse_as_dense: densify ``tf.IndexedSlices`` before reducing.
+      op: ``Average`` (default) or ``Sum``.
+      gradient_predivide_factor: with Average, divide by this before the sum
+        and by ``size()/factor`` after (helps fp16 range).
+      num_groups / groups: split the gradients into this many fused groups.
+    """
+    check_process_set(process_set)
+    if op == Adasum:
+        raise NotImplementedError("tfhvd does not implement Adasum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor requires op=Average")
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
+               {k: v for k, v in _DistributedGradientTape.__dict__.items()
+                if k in ("gradient", "register_local_source", "_tfhvd_allreduce")})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._tfhvd_compression = compression
+    tape._tfhvd_sparse_as_dense = sparse_as_dense
+    tape._tfhvd_op = op
+    tape._tfhvd_predivide = gradient_predivide_factor
+    tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
+    tape._tfhvd_local = set()
+    return tape

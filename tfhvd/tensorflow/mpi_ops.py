@@ -1,0 +1,375 @@
+"""The collective ops and their gradients.
+
+Each function wraps one of the compiled ops (which keep Horovod's names, so
+graphs holding Horovod ops load with tfhvd).  Names follow Horovod: in a graph
+an op is named after its input tensor; ranks match collectives by that name.
+"""
+
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+
+from tfhvd.common import basics, library
+from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.common.exceptions import NotInitializedError
+
+# Horovod's reduce-op values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+
+_REDUCE_DTYPES = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
+                  tf.float64)
+_ALL_DTYPES = _REDUCE_DTYPES + (tf.uint16, tf.int16, tf.bool)
+
+
+def _ops():
+    return library.load()[0]
+
+
+def _executing_eagerly() -> bool:
+    return tf.executing_eagerly()
+
+
+def _normalize_name(name: str) -> str:
+    """Normalizes an op name to what TensorFlow accepts."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _check_ready(tensors: Sequence[tf.Tensor], allowed: Tuple[tf.DType, ...], what: str,
+                 process_set: Optional[ProcessSet] = None) -> None:
+    """Raises a clear error before an op is built with bad input."""
+    if not basics.is_initialized():
+        raise NotInitializedError()
+    check_process_set(process_set)
+    for t in tensors:
+        if t.dtype not in allowed:
+            raise TypeError(
+                "tfhvd %s does not support dtype %s (tensor %s); supported dtypes: %s"
+                % (what, t.dtype.name, _tensor_label(t), ", ".join(d.name for d in allowed))
+            )
+
+
+def _tensor_label(t: tf.Tensor) -> str:
+    try:
+        return "'%s'" % t.name
+    except (AttributeError, ValueError):
+        return "of shape %s" % (t.shape,)
+
+
+def _check_op(op: int) -> None:
+    if op not in _OP_NAMES:
+        raise ValueError("unknown reduce op %r; use hvd.Average, Sum, Min, Max or Product" % (op,))
+    if op == Adasum:
+        raise NotImplementedError("tfhvd does not implement Adasum; use hvd.Average or hvd.Sum")
+
+
+def _graph_name(prefix: str, name: Optional[str], tensor: tf.Tensor) -> Optional[str]:
+    if name is None and not _executing_eagerly():
+        name = "%s_%s" % (prefix, _normalize_name(tensor.name))
+    return name
+
+
+def _eager_name(name: Optional[str]) -> str:
+    """The ``tensor_name`` attr: the user's name in eager mode, where TF drops op names."""
+    return name if (name and _executing_eagerly()) else ""
+
+
+def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               ignore_name_scope: bool = False,
+               process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Allreduces one dense tensor with ``op`` (no compression, no averaging tricks)."""
+    tensor = tf.convert_to_tensor(tensor)
+    _check_ready([tensor], _REDUCE_DTYPES, "allreduce", process_set)
+    _check_op(op)
+    return _ops().horovod_allreduce(
+        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        ignore_name_scope=ignore_name_scope,
+        tensor_name=_eager_name(name), name=_graph_name("HorovodAllreduce", name, tensor))
+
+
+def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None, op: int = Sum,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       ignore_name_scope: bool = False,
+                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Allreduces several tensors of one dtype as one negotiated, fused group."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    _check_ready(tensors, _REDUCE_DTYPES, "grouped_allreduce", process_set)
+    _check_op(op)
+    if len({t.dtype for t in tensors}) > 1:
+        # The op takes one dtype: split by dtype, keep the order.
+        out: List[Optional[tf.Tensor]] = [None] * len(tensors)
+        for dt in sorted({t.dtype for t in tensors}, key=lambda d: d.name):
+            idx = [i for i, t in enumerate(tensors) if t.dtype == dt]
+            part = _grouped_allreduce([tensors[i] for i in idx],
+                                      None if name is None else "%s_%s" % (name, dt.name), op,
+                                      prescale_factor, postscale_factor, ignore_name_scope)
+            for i, r in zip(idx, part):
+                out[i] = r
+        return out  # type: ignore[return-value]
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedAllreduce_%s_%s" % (tensors[0].name,
+                                                                  tensors[-1].name))
+    return list(_ops().horovod_grouped_allreduce(
+        tensors, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name))
+
+
+def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenates ``tensor`` from every rank along the first dimension.
+
+    The first dimension may differ between ranks; the others must match.  A
+    scalar is gathered into a vector of length ``size()``.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    _check_ready([tensor], _ALL_DTYPES, "allgather", process_set)
+    return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
+                                    tensor_name=_eager_name(name), name=_graph_name("HorovodAllgather", name, tensor))
+
+
+def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Allgathers several tensors of one dtype in one op."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    _check_ready(tensors, _ALL_DTYPES, "grouped_allgather", process_set)
+    if len({t.dtype for t in tensors}) > 1:
+        return [allgather(t, None if name is None else "%s_%d" % (name, i),
+                          ignore_name_scope=ignore_name_scope) for i, t in enumerate(tensors)]
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedAllgather_%s_%s" % (tensors[0].name,
+                                                                  tensors[-1].name))
+    return list(_ops().horovod_grouped_allgather(tensors, ignore_name_scope=ignore_name_scope,
+                                                 tensor_name=_eager_name(name), name=name))
+
+
+def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Returns ``root_rank``'s value of ``tensor`` on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    _check_ready([tensor], _ALL_DTYPES, "broadcast", process_set)
+    n = basics.size()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
+        raise ValueError("broadcast root_rank %r is out of range for %d ranks (tensor %s)"
+                         % (root_rank, n, _tensor_label(tensor)))
+    return _ops().horovod_broadcast(tensor, root_rank=root_rank,
+                                    ignore_name_scope=ignore_name_scope,
+                                    tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor))
+
+
+def alltoall(tensor: tf.Tensor, splits: Optional[tf.Tensor] = None, name: Optional[str] = None,
+             ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set):
+    """Sends slices of ``tensor`` to every rank and receives theirs.
+
+    ``splits[j]`` rows (first dimension) go to rank j; without ``splits`` the
+    first dimension is divided evenly.  Returns ``(output, received_splits)``
+    when ``splits`` is given, as Horovod does, else ``output``.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    _check_ready([tensor], _ALL_DTYPES, "alltoall", process_set)
+    split_t = tf.constant([], dtype=tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    out, rsplits = _ops().horovod_alltoall(tensor, split_t, ignore_name_scope=ignore_name_scope,
+                                           tensor_name=_eager_name(name), name=_graph_name("HorovodAlltoall", name, tensor))
+    return out if splits is None else (out, rsplits)
+
+
+def _reducescatter(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
+                   ignore_name_scope: bool = False,
+                   process_set: ProcessSet = global_process_set,
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(tensor)
+    _check_ready([tensor], _REDUCE_DTYPES, "reducescatter", process_set)
+    _check_op(op)
+    if tensor.shape.rank == 0:
+        raise ValueError("reducescatter cannot scatter a scalar (tensor %s); give a tensor of "
+                         "rank >= 1" % _tensor_label(tensor))
+    return _ops().horovod_reducescatter(
+        tensor, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+        tensor_name=_eager_name(name), name=_graph_name("HorovodReducescatter", name, tensor))
+
+
+def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
+                           op: int = Sum, ignore_name_scope: bool = False,
+                           process_set: ProcessSet = global_process_set,
+                           prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    _check_ready(tensors, _REDUCE_DTYPES, "grouped_reducescatter", process_set)
+    _check_op(op)
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter cannot scatter a scalar (tensor %s)" % _tensor_label(t))
+    if len({t.dtype for t in tensors}) > 1:
+        return [_reducescatter(t, None, op, ignore_name_scope, process_set, prescale_factor,
+                               postscale_factor) for t in tensors]
+    if name is None and not _executing_eagerly():
+        name = _normalize_name("HorovodGroupedReducescatter_%s_%s" % (tensors[0].name,
+                                                                      tensors[-1].name))
+    return list(_ops().horovod_grouped_reducescatter(
+        tensors, reduce_op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name))
+
+
+def join() -> int:
+    """Marks this rank as done with its data; returns the last rank that joined.
+
+    Until every rank has joined, allreduces on the other ranks proceed with
+    zeros from the joined ranks.
+    """
+    if not basics.is_initialized():
+        raise NotInitializedError()
+    return int(_ops().horovod_join())
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Blocks until every rank has reached the barrier."""
+    if not basics.is_initialized():
+        raise NotInitializedError()
+    check_process_set(process_set)
+    _ops().horovod_barrier()
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """The job size as a graph op (evaluated when run)."""
+    return _ops().horovod_size(process_set_id=process_set_id, name=name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    return _ops().horovod_local_size(name=name)
+
+
+def rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _ops().horovod_rank(name=name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _ops().horovod_local_rank(name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    return _ops().horovod_process_set_included(process_set_id=process_set_id, name=name)
+
+
+# ---------------------------------------------------------------- gradients
+
+def _attrs(op) -> dict:
+    return {"ignore_name_scope": op.get_attr("ignore_name_scope")}
+
+
+def _reduce_grad(x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor, reduce_op: int, pre: float,
+                 post: float, ignore_name_scope: bool) -> tf.Tensor:
+    """d(sum over ranks of loss)/dx for y = allreduce(x)."""
+    if reduce_op in (Sum, Average):
+        return _allreduce(grad, op=reduce_op, prescale_factor=pre, postscale_factor=post,
+                          ignore_name_scope=ignore_name_scope)
+    total = _allreduce(grad, op=Sum, ignore_name_scope=ignore_name_scope)
+    if reduce_op in (Min, Max):
+        # Only the ranks holding the extreme value receive the gradient.
+        return total * tf.cast(tf.equal(x, y), grad.dtype)
+    # Product: dy/dx_r = y / x_r.
+    return total * tf.math.divide_no_nan(y, x)
+
+
+@tf_ops.RegisterGradient("HorovodAllreduce")
+def _allreduce_grad(op, grad):
+    return _reduce_grad(op.inputs[0], op.outputs[0], grad, op.get_attr("reduce_op"),
+                        op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
+                        op.get_attr("ignore_name_scope"))
+
+
+@tf_ops.RegisterGradient("HorovodGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op in (Sum, Average):
+        return _grouped_allreduce(list(grads), op=reduce_op,
+                                  prescale_factor=op.get_attr("prescale_factor"),
+                                  postscale_factor=op.get_attr("postscale_factor"),
+                                  ignore_name_scope=op.get_attr("ignore_name_scope"))
+    return [_reduce_grad(x, y, g, reduce_op, 1.0, 1.0, op.get_attr("ignore_name_scope"))
+            for x, y, g in zip(op.inputs, op.outputs, grads)]
+
+
+def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, ignore_name_scope: bool) -> tf.Tensor:
+    grad = _allreduce(grad, op=Average, ignore_name_scope=ignore_name_scope)
+    with tf.device("/cpu:0"):
+        d = tf.reshape(tf.shape(x)[0] if x.shape.rank != 0 else tf.constant(1), [1])
+        dims = tf.reshape(allgather(d, ignore_name_scope=ignore_name_scope), [basics.size()])
+    part = tf.split(grad, dims, axis=0)[basics.rank()]
+    return tf.reshape(part, tf.shape(x))
+
+
+@tf_ops.RegisterGradient("HorovodAllgather")
+def _allgather_grad(op, grad):
+    return _allgather_grad_one(op.inputs[0], grad, op.get_attr("ignore_name_scope"))
+
+
+@tf_ops.RegisterGradient("HorovodGroupedAllgather")
+def _grouped_allgather_grad(op, *grads):
+    return [_allgather_grad_one(x, g, op.get_attr("ignore_name_scope"))
+            for x, g in zip(op.inputs, grads)]
+
+
+@tf_ops.RegisterGradient("HorovodBroadcast")
+def _broadcast_grad(op, grad):
+    reduced = _allreduce(grad, op=Average, ignore_name_scope=op.get_attr("ignore_name_scope"))
+    if basics.rank() != op.get_attr("root_rank"):
+        return reduced * 0
+    return reduced
+
+
+@tf_ops.RegisterGradient("HorovodAlltoall")
+def _alltoall_grad(op, grad, _rsplits_grad):
+    result = alltoall(grad, splits=op.outputs[1],
+                      ignore_name_scope=op.get_attr("ignore_name_scope"))
+    return [result[0], None]
+
+
+def _reducescatter_grad_one(grad: tf.Tensor, reduce_op: int, ignore_name_scope: bool):
+    # y_k = reduce over r of x_r[slice k], so dx_r = concat over k of g_k.
+    full = allgather(grad, ignore_name_scope=ignore_name_scope)
+    if reduce_op == Average:
+        full = full / tf.cast(basics.size(), full.dtype)
+    return full
+
+
+@tf_ops.RegisterGradient("HorovodReducescatter")
+def _reducescatter_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
+                                  % _OP_NAMES.get(reduce_op, reduce_op))
+    return _reducescatter_grad_one(grad, reduce_op, op.get_attr("ignore_name_scope"))
+
+
+@tf_ops.RegisterGradient("HorovodGroupedReducescatter")
+def _grouped_reducescatter_grad(op, *grads):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
+                                  % _OP_NAMES.get(reduce_op, reduce_op))
+    return [_reducescatter_grad_one(g, reduce_op, op.get_attr("ignore_name_scope"))
+            for g in grads]
+
+
+for _name in ("HorovodJoin", "HorovodBarrier", "HorovodSize", "HorovodLocalSize", "HorovodRank",
+              "HorovodLocalRank", "HorovodProcessSetIncluded"):
+    tf_ops.NotDifferentiable(_name)

@@ -1,0 +1,100 @@
+// The transport interfaces the runtime talks to, and the factory that picks
+// their implementations.
+//
+// The core defines what a transport must do; backends/ implement it (MPI for
+// host memory and for negotiation; NCCL for device memory when built).  Only
+// the factory (backends/factory.cc) and CMake know which backends exist, so
+// no algorithm here carries a `#if HAVE_...`.
+#ifndef TFHVD_CORE_BACKEND_H_
+#define TFHVD_CORE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace tfhvd {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool homogeneous = true;
+};
+
+// Point-to-point negotiation messages between workers and the coordinator
+// (rank 0).  All calls are non-blocking; only the background thread calls.
+class ControlChannel {
+ public:
+  virtual ~ControlChannel() = default;
+  virtual Status SendToCoordinator(std::string bytes) = 0;
+  virtual Status SendToWorker(int rank, std::string bytes) = 0;
+  // Appends every message that has arrived, without waiting.
+  virtual Status PollWorkers(std::vector<std::pair<int, std::string>>* out) = 0;
+  virtual Status PollCoordinator(std::vector<std::string>* out) = 0;
+  // Waits until every send has been delivered to the transport.
+  virtual Status FlushSends() = 0;
+};
+
+// Data collectives over one memory kind.  Counts are in elements of `dtype`
+// unless named *_bytes.  A null `send` means in place.  Reduce ops are Sum,
+// Min, Max or Product: Average and scaling are done by the caller.
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  virtual Status Allgatherv(const void* send, int64_t send_bytes, void* recv,
+                            const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status Broadcast(void* buf, int64_t bytes, int root) = 0;
+  virtual Status Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status ReduceScatter(const void* send, void* recv,
+                               const std::vector<int64_t>& recv_counts, DataType dtype,
+                               ReduceOp op) = 0;
+  virtual Status Barrier() = 0;
+};
+
+// What init() was given: a list of world ranks, an existing communicator
+// handle (from mpi4py), or neither (the whole world).
+struct BackendOptions {
+  std::vector<int> ranks;
+  void* comm_handle = nullptr;
+};
+
+// Everything a runtime needs from its transports.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const Topology& topology() const = 0;
+  virtual ControlChannel* control() = 0;
+  // Collectives for tensors on `device` (-1: host).  Null when no backend
+  // for that memory kind was built.
+  virtual Collectives* collectives(int device) = 0;
+  // Whether the transport allows other threads to use it concurrently.
+  virtual bool threads_supported() const = 0;
+};
+
+// Implemented by backends/factory.cc.  `excluded` is set (and OK returned)
+// when this process is not one of `opts.ranks`.
+Status CreateBackend(const BackendOptions& opts, std::unique_ptr<Backend>* out, bool* excluded);
+// Finalises the transport library if tfhvd initialised it.  Called once at
+// process exit.
+void FinalizeTransports();
+
+// What this build contains, for check-build and `mpi_built()` style queries.
+struct BuildInfo {
+  bool mpi = false;
+  bool nccl = false;
+  bool cuda = false;
+};
+BuildInfo GetBuildInfo();
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_BACKEND_H_

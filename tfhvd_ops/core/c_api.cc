@@ -1,0 +1,146 @@
+#include "c_api.h"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "backend.h"
+#include "runtime.h"
+
+namespace tfhvd {
+namespace {
+
+// The process's one runtime, owned here and nowhere else.
+struct Holder {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;
+};
+
+Holder& Global() {
+  static Holder h;
+  return h;
+}
+
+int Fail(const Status& st, char* err, int errlen) {
+  if (err != nullptr && errlen > 0) {
+    std::strncpy(err, st.message().c_str(), errlen - 1);
+    err[errlen - 1] = '\0';
+  }
+  return static_cast<int>(st.code());
+}
+
+template <typename F>
+int Topo(F f) {
+  auto rt = CurrentRuntime();
+  return rt ? f(rt->topology()) : -1;
+}
+
+}  // namespace
+
+std::shared_ptr<Runtime> CurrentRuntime() {
+  std::lock_guard<std::mutex> l(Global().mu);
+  return Global().runtime;
+}
+
+Status EnqueueEntries(std::vector<TensorTableEntry> entries) {
+  auto rt = CurrentRuntime();
+  if (!rt) return Status::FailedPrecondition(kNotInitialized);
+  return rt->Enqueue(std::move(entries));
+}
+
+}  // namespace tfhvd
+
+using tfhvd::Status;
+
+extern "C" {
+
+int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) {
+  auto& g = tfhvd::Global();
+  std::lock_guard<std::mutex> l(g.mu);
+  if (g.runtime) return 0;  // init twice is harmless
+  tfhvd::Settings settings;
+  Status st = tfhvd::ParseSettings(tfhvd::ProcessEnv(), &settings);
+  if (!st.ok()) return tfhvd::Fail(st, err, errlen);
+  tfhvd::BackendOptions opts;
+  if (ranks != nullptr) opts.ranks.assign(ranks, ranks + nranks);
+  opts.comm_handle = comm;
+  std::unique_ptr<tfhvd::Backend> backend;
+  bool excluded = false;
+  st = tfhvd::CreateBackend(opts, &backend, &excluded);
+  if (!st.ok()) return tfhvd::Fail(st, err, errlen);
+  if (excluded) {
+    return tfhvd::Fail(Status::InvalidArgument(
+                           "tfhvd: this process is not one of the ranks given to init(comm=...)"),
+                       err, errlen);
+  }
+  auto rt = std::make_shared<tfhvd::Runtime>(settings, std::move(backend));
+  st = rt->Start();
+  if (!st.ok()) return tfhvd::Fail(st, err, errlen);
+  g.runtime = std::move(rt);
+  return 0;
+}
+
+int tfhvd_shutdown(void) {
+  std::shared_ptr<tfhvd::Runtime> rt;
+  {
+    auto& g = tfhvd::Global();
+    std::lock_guard<std::mutex> l(g.mu);
+    rt.swap(g.runtime);
+  }
+  if (rt) rt->Shutdown();
+  return 0;
+}
+
+int tfhvd_is_initialized(void) { return tfhvd::CurrentRuntime() ? 1 : 0; }
+int tfhvd_rank(void) { return tfhvd::Topo([](const tfhvd::Topology& t) { return t.rank; }); }
+int tfhvd_size(void) { return tfhvd::Topo([](const tfhvd::Topology& t) { return t.size; }); }
+int tfhvd_local_rank(void) {
+  return tfhvd::Topo([](const tfhvd::Topology& t) { return t.local_rank; });
+}
+int tfhvd_local_size(void) {
+  return tfhvd::Topo([](const tfhvd::Topology& t) { return t.local_size; });
+}
+int tfhvd_cross_rank(void) {
+  return tfhvd::Topo([](const tfhvd::Topology& t) { return t.cross_rank; });
+}
+int tfhvd_cross_size(void) {
+  return tfhvd::Topo([](const tfhvd::Topology& t) { return t.cross_size; });
+}
+int tfhvd_is_homogeneous(void) {
+  return tfhvd::Topo([](const tfhvd::Topology& t) { return t.homogeneous ? 1 : 0; });
+}
+int tfhvd_mpi_threads_supported(void) {
+  auto rt = tfhvd::CurrentRuntime();
+  return rt ? (rt->backend()->threads_supported() ? 1 : 0) : -1;
+}
+int tfhvd_mpi_built(void) { return tfhvd::GetBuildInfo().mpi ? 1 : 0; }
+int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
+int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }
+
+int tfhvd_parse_settings(char* buf, int len) {
+  tfhvd::Settings s;
+  Status st = tfhvd::ParseSettings(tfhvd::ProcessEnv(), &s);
+  if (!st.ok()) return tfhvd::Fail(st, buf, len);
+  std::snprintf(buf, len, "%s", s.ToString().c_str());
+  return 0;
+}
+
+int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errlen) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return tfhvd::Fail(Status::FailedPrecondition(tfhvd::kNotInitialized), err, errlen);
+  Status st = rt->timeline().Start(path, rt->topology().rank, mark_cycles != 0);
+  return st.ok() ? 0 : tfhvd::Fail(st, err, errlen);
+}
+
+int tfhvd_stop_timeline(void) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (rt) rt->timeline().Stop();
+  return 0;
+}
+
+void tfhvd_finalize(void) {
+  tfhvd_shutdown();
+  tfhvd::FinalizeTransports();
+}
+
+}  // extern "C"

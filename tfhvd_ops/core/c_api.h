@@ -1,0 +1,56 @@
+// The C API: what Python (ctypes) and the framework adapters call.
+//
+// The process's one Runtime lives behind these functions; adapters reach it
+// through CurrentRuntime(), which hands out a shared reference so a shutdown
+// racing with an op can never free the runtime under it.
+#ifndef TFHVD_CORE_C_API_H_
+#define TFHVD_CORE_C_API_H_
+
+#ifdef __cplusplus
+#include <memory>
+#include <vector>
+
+#include "common.h"
+
+namespace tfhvd {
+class Runtime;
+// Null when tfhvd is not initialised.
+std::shared_ptr<Runtime> CurrentRuntime();
+// Enqueues entries on the current runtime, or fails with "call hvd.init()
+// first".
+Status EnqueueEntries(std::vector<TensorTableEntry> entries);
+constexpr const char* kNotInitialized =
+    "tfhvd has not been initialized; call hvd.init() first";
+}  // namespace tfhvd
+
+extern "C" {
+#endif
+
+// Each returns 0 on success or a StatusCode, with a message in `err`.
+int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen);
+int tfhvd_shutdown(void);
+int tfhvd_is_initialized(void);
+// -1 when not initialised.
+int tfhvd_rank(void);
+int tfhvd_size(void);
+int tfhvd_local_rank(void);
+int tfhvd_local_size(void);
+int tfhvd_cross_rank(void);
+int tfhvd_cross_size(void);
+int tfhvd_is_homogeneous(void);
+int tfhvd_mpi_threads_supported(void);
+int tfhvd_mpi_built(void);
+int tfhvd_nccl_built(void);
+int tfhvd_cuda_built(void);
+// Parses the settings from the environment into `buf` ("key=value" lines).
+int tfhvd_parse_settings(char* buf, int len);
+int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errlen);
+int tfhvd_stop_timeline(void);
+// Shuts down and finalises MPI if tfhvd initialised it (process exit).
+void tfhvd_finalize(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // TFHVD_CORE_C_API_H_

@@ -1,0 +1,153 @@
+// Core types shared by every layer of the tfhvd runtime.
+//
+// This header is framework-free: it never includes a TensorFlow (or MPI)
+// header.  Frameworks plug in by implementing `Tensor` and `OpContext`; the
+// runtime only ever sees these interfaces (Horovod's common.h does the same).
+#ifndef TFHVD_CORE_COMMON_H_
+#define TFHVD_CORE_COMMON_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tfhvd {
+
+// Errors are values.  Every fallible call returns a Status; the TF adapter
+// turns a non-OK status into an op error that Python raises.
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,   // bad input or ranks that disagree
+  kAborted = 2,           // runtime shut down, a peer left
+  kInternal = 3,          // transport failure
+  kFailedPrecondition = 4 // e.g. not initialised
+};
+
+class Status {
+ public:
+  Status() = default;
+  static Status OK() { return Status(); }
+  static Status InvalidArgument(std::string m) {
+    return Status(StatusCode::kInvalidArgument, std::move(m));
+  }
+  static Status Aborted(std::string m) {
+    return Status(StatusCode::kAborted, std::move(m));
+  }
+  static Status Internal(std::string m) {
+    return Status(StatusCode::kInternal, std::move(m));
+  }
+  static Status FailedPrecondition(std::string m) {
+    return Status(StatusCode::kFailedPrecondition, std::move(m));
+  }
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status(StatusCode c, std::string m) : code_(c), message_(std::move(m)) {}
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+#define TFHVD_RETURN_IF_ERROR(expr)      \
+  do {                                   \
+    ::tfhvd::Status _st = (expr);        \
+    if (!_st.ok()) return _st;           \
+  } while (0)
+
+// Values match the order used by the TF adapter's dtype table.
+enum class DataType : int32_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kUInt16 = 2,
+  kInt16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kFloat16 = 6,
+  kBFloat16 = 7,
+  kFloat32 = 8,
+  kFloat64 = 9,
+  kBool = 10,
+};
+
+int64_t DataTypeSize(DataType dt);
+const char* DataTypeName(DataType dt);
+bool IsFloatingPoint(DataType dt);
+
+// Horovod's integer values, kept so graphs that carry a `reduce_op` attr keep
+// their meaning.
+enum class ReduceOp : int32_t {
+  kAverage = 0,
+  kSum = 1,
+  kAdasum = 2,
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+const char* ReduceOpName(ReduceOp op);
+
+enum class CollectiveType : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kJoin = 5,
+  kBarrier = 6,
+};
+const char* CollectiveName(CollectiveType t);
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& s);
+std::string ShapeString(const Shape& s);
+
+// A framework tensor, seen by the core as bytes plus metadata.
+class Tensor {
+ public:
+  virtual ~Tensor() = default;
+  virtual DataType dtype() const = 0;
+  virtual const Shape& shape() const = 0;
+  virtual const void* data() const = 0;
+  virtual void* mutable_data() = 0;
+  virtual int64_t size_bytes() const = 0;
+};
+
+// The framework side of one op invocation: allocates outputs whose shape is
+// only known after negotiation (allgather, alltoall, reducescatter).
+class OpContext {
+ public:
+  virtual ~OpContext() = default;
+  virtual Status AllocateOutput(int index, const Shape& shape,
+                                std::shared_ptr<Tensor>* out) = 0;
+};
+
+using StatusCallback = std::function<void(const Status&)>;
+
+// Parameters of one collective call, exactly as the caller gave them.  This
+// is what ranks compare during negotiation.
+struct CollectiveParams {
+  CollectiveType type = CollectiveType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t device = -1;           // -1: host memory; >= 0: GPU ordinal
+  std::vector<int32_t> splits;   // alltoall only
+};
+
+// One locally submitted collective waiting for the other ranks.
+struct TensorTableEntry {
+  std::string name;
+  CollectiveParams params;
+  std::shared_ptr<Tensor> input;    // absent for join/barrier
+  std::shared_ptr<Tensor> output;   // pre-allocated when the shape is known
+  std::shared_ptr<OpContext> context;
+  StatusCallback callback;
+};
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_COMMON_H_

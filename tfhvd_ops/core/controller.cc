@@ -1,0 +1,448 @@
+#include "controller.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+namespace tfhvd {
+namespace {
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
+  o << "]";
+  return o.str();
+}
+
+std::string SplitsString(const std::vector<int32_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+// "rank 0 sent X; ranks 1, 2 sent Y" for the values each rank sent.
+template <typename F>
+std::string PerRank(const std::vector<Request>& by_rank, const std::vector<bool>& present,
+                    F describe) {
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<std::string> order;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (!present[r]) continue;
+    std::string d = describe(by_rank[r]);
+    if (!groups.count(d)) order.push_back(d);
+    groups[d].push_back(static_cast<int>(r));
+  }
+  std::ostringstream o;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& ranks = groups[order[i]];
+    o << (i ? "; " : "") << (ranks.size() == 1 ? "rank " : "ranks ");
+    for (size_t j = 0; j < ranks.size(); ++j) o << (j ? ", " : "") << ranks[j];
+    o << " sent " << order[i];
+  }
+  return o.str();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int size, const Settings& settings, ResponseCache* cache,
+                         const Logger* log)
+    : size_(size),
+      settings_(settings),
+      cache_(cache),
+      log_(log),
+      joined_(size, false),
+      shut_down_(size, false),
+      shutdown_announced_(size, false) {}
+
+bool Coordinator::AllWorkersShutDown() const {
+  for (int r = 1; r < size_; ++r) {
+    if (!shut_down_[r]) return false;
+  }
+  return true;
+}
+
+void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_point now) {
+  for (int32_t id : list.cached_ids) {
+    const ResponseCache::Entry* e = cache_->Get(id);
+    if (e == nullptr) {
+      TFHVD_LOG(*log_, kError, "rank " << rank << " sent unknown cache slot " << id);
+      continue;
+    }
+    Request r;
+    r.rank = rank;
+    r.name = e->name;
+    r.params = e->params;
+    Add(r, now);
+  }
+  for (const Request& r : list.requests) {
+    Request copy = r;
+    copy.rank = rank;
+    Add(copy, now);
+  }
+  if (list.shutdown) shut_down_[rank] = true;
+}
+
+void Coordinator::Add(const Request& r, Clock::time_point now) {
+  auto it = table_.find(r.name);
+  if (it == table_.end()) {
+    Pending p;
+    p.by_rank.resize(size_);
+    p.present.assign(size_, false);
+    p.first_seen = now;
+    p.last_warned = now;
+    it = table_.emplace(r.name, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  if (p.present[r.rank]) {
+    // The worker holds back duplicates, so this is a protocol bug; keep the
+    // first and say so rather than corrupting the count.
+    TFHVD_LOG(*log_, kError, "duplicate request for '" << r.name << "' from rank " << r.rank);
+    return;
+  }
+  p.present[r.rank] = true;
+  p.by_rank[r.rank] = r;
+  ++p.count;
+  if (r.params.type == CollectiveType::kJoin && !joined_[r.rank]) {
+    joined_[r.rank] = true;
+    ++joined_count_;
+    last_joined_ = r.rank;
+    // Joining may complete tensors that were only waiting for this rank.
+    std::vector<std::string> names;
+    for (const auto& kv : table_) {
+      if (kv.first != r.name) names.push_back(kv.first);
+    }
+    for (const auto& n : names) MarkReadyIfComplete(n);
+  }
+  MarkReadyIfComplete(r.name);
+}
+
+void Coordinator::MarkReadyIfComplete(const std::string& name) {
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  const Pending& p = it->second;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.present[r] && !joined_[r]) return;
+  }
+  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
+}
+
+Response Coordinator::ErrorResponse(const std::string& name, const std::string& msg) const {
+  Response resp;
+  resp.kind = ResponseKind::kError;
+  resp.names = {name};
+  resp.error = msg;
+  return resp;
+}
+
+std::string Coordinator::Validate(const std::string& name, const Pending& p) const {
+  int first = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (p.present[r]) {
+      first = r;
+      break;
+    }
+  }
+  const CollectiveParams& ref = p.by_rank[first].params;
+  auto differs = [&](auto get) {
+    for (int r = 0; r < size_; ++r) {
+      if (p.present[r] && !(get(p.by_rank[r].params) == get(ref))) return true;
+    }
+    return false;
+  };
+  std::string prefix = "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name + "': ";
+  // Problems a rank found locally come first: they explain the rest.
+  for (int r = 0; r < size_; ++r) {
+    if (p.present[r] && !p.by_rank[r].error.empty()) {
+      return prefix + "rank " + std::to_string(r) + ": " + p.by_rank[r].error;
+    }
+  }
+  if (differs([](const CollectiveParams& c) { return c.type; })) {
+    return prefix + "ranks submitted different collectives under one name: " +
+           PerRank(p.by_rank, p.present,
+                   [](const Request& q) { return std::string(CollectiveName(q.params.type)); });
+  }
+  if (differs([](const CollectiveParams& c) { return c.dtype; })) {
+    return prefix + "mismatched dtypes: " +
+           PerRank(p.by_rank, p.present,
+                   [](const Request& q) { return std::string(DataTypeName(q.params.dtype)); });
+  }
+  if (differs([](const CollectiveParams& c) { return c.device; })) {
+    return prefix + "mixed CPU and GPU tensors: " +
+           PerRank(p.by_rank, p.present, [](const Request& q) {
+             return q.params.device < 0 ? std::string("a CPU tensor")
+                                        : "a tensor on GPU " + std::to_string(q.params.device);
+           });
+  }
+  auto shape_desc = [](const Request& q) { return "shape " + ShapeString(q.params.shape); };
+  switch (ref.type) {
+    case CollectiveType::kAllreduce:
+    case CollectiveType::kBroadcast:
+    case CollectiveType::kReducescatter:
+      if (differs([](const CollectiveParams& c) { return c.shape; })) {
+        return prefix + "mismatched shapes: " + PerRank(p.by_rank, p.present, shape_desc);
+      }
+      break;
+    case CollectiveType::kAllgather:
+    case CollectiveType::kAlltoall: {
+      auto trailing = [](const CollectiveParams& c) {
+        return c.shape.empty() ? Shape{} : Shape(c.shape.begin() + 1, c.shape.end());
+      };
+      if (differs([](const CollectiveParams& c) { return c.shape.size(); }) ||
+          differs(trailing)) {
+        return prefix + "all dimensions but the first must match: " +
+               PerRank(p.by_rank, p.present, shape_desc);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  if (ref.type == CollectiveType::kAllreduce || ref.type == CollectiveType::kReducescatter) {
+    if (differs([](const CollectiveParams& c) { return c.reduce_op; })) {
+      return prefix + "mismatched reduce ops: " +
+             PerRank(p.by_rank, p.present,
+                     [](const Request& q) { return std::string(ReduceOpName(q.params.reduce_op)); });
+    }
+    if (differs([](const CollectiveParams& c) { return c.prescale; }) ||
+        differs([](const CollectiveParams& c) { return c.postscale; })) {
+      return prefix + "mismatched scale factors: " +
+             PerRank(p.by_rank, p.present, [](const Request& q) {
+               std::ostringstream o;
+               o << "prescale " << q.params.prescale << ", postscale " << q.params.postscale;
+               return o.str();
+             });
+    }
+  }
+  if (ref.type == CollectiveType::kBroadcast) {
+    if (differs([](const CollectiveParams& c) { return c.root_rank; })) {
+      return prefix + "mismatched root ranks: " +
+             PerRank(p.by_rank, p.present,
+                     [](const Request& q) { return "root " + std::to_string(q.params.root_rank); });
+    }
+    if (ref.root_rank < 0 || ref.root_rank >= size_) {
+      return prefix + "root rank " + std::to_string(ref.root_rank) + " is out of range for " +
+             std::to_string(size_) + " ranks";
+    }
+  }
+  if (ref.type == CollectiveType::kReducescatter && ref.shape.empty()) {
+    return prefix + "a scalar cannot be scattered; give a tensor of rank >= 1";
+  }
+  if (ref.type == CollectiveType::kAlltoall) {
+    for (int r = 0; r < size_; ++r) {
+      if (!p.present[r]) continue;
+      const CollectiveParams& c = p.by_rank[r].params;
+      int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
+      if (c.splits.empty()) continue;  // even split, checked below
+      if (static_cast<int>(c.splits.size()) != size_) {
+        return prefix + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
+               " splits " + SplitsString(c.splits) + ", expected one per rank (" +
+               std::to_string(size_) + ")";
+      }
+      int64_t sum = 0;
+      for (int32_t s : c.splits) {
+        if (s < 0) {
+          return prefix + "rank " + std::to_string(r) + " gave a negative split " +
+                 SplitsString(c.splits);
+        }
+        sum += s;
+      }
+      if (sum != dim0) {
+        return prefix + "rank " + std::to_string(r) + " gave splits " + SplitsString(c.splits) +
+               " that sum to " + std::to_string(sum) + ", but its first dimension is " +
+               std::to_string(dim0);
+      }
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (!p.present[r]) continue;
+      const CollectiveParams& c = p.by_rank[r].params;
+      int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
+      if (c.splits.empty() && dim0 % size_ != 0) {
+        return prefix + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
+               std::to_string(dim0) + " is not divisible by " + std::to_string(size_) + " ranks";
+      }
+    }
+  }
+  return "";
+}
+
+Response Coordinator::Build(const std::string& name, Pending& p) {
+  std::string err = Validate(name, p);
+  if (!err.empty()) return ErrorResponse(name, err);
+  int first = 0;
+  while (!p.present[first]) ++first;
+  const CollectiveParams& ref = p.by_rank[first].params;
+  std::vector<int32_t> joined;
+  for (int r = 0; r < size_; ++r) {
+    if (joined_[r] && !p.present[r]) joined.push_back(r);
+  }
+  if (!joined.empty() && ref.type != CollectiveType::kAllreduce &&
+      ref.type != CollectiveType::kJoin) {
+    return ErrorResponse(name, "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" +
+                                   name + "' cannot run while ranks " +
+                                   RankList(std::vector<int>(joined.begin(), joined.end())) +
+                                   " have joined; only allreduce supports join");
+  }
+  Response resp;
+  resp.names = {name};
+  resp.params = ref;
+  resp.joined_ranks = joined;
+  switch (ref.type) {
+    case CollectiveType::kAllreduce:
+      resp.sizes = {NumElements(ref.shape)};
+      break;
+    case CollectiveType::kAllgather:
+      for (int r = 0; r < size_; ++r) {
+        const Shape& s = p.by_rank[r].params.shape;
+        resp.sizes.push_back(s.empty() ? 1 : s[0]);
+      }
+      break;
+    case CollectiveType::kAlltoall:
+      for (int r = 0; r < size_; ++r) {
+        const CollectiveParams& c = p.by_rank[r].params;
+        int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
+        for (int j = 0; j < size_; ++j) {
+          resp.sizes.push_back(c.splits.empty() ? dim0 / size_ : c.splits[j]);
+        }
+      }
+      break;
+    case CollectiveType::kJoin:
+      resp.last_joined_rank = last_joined_;
+      resp.joined_ranks.clear();
+      break;
+    default:
+      break;
+  }
+  if (cache_ != nullptr && joined.empty()) {
+    resp.cache_ids = {cache_->Assign(name, ref)};
+  }
+  return resp;
+}
+
+std::vector<Response> Coordinator::Fuse(std::vector<Response> in) {
+  std::vector<Response> out;
+  // Index in `out` of the open fused allreduce for each key.
+  std::map<std::string, size_t> open;
+  std::map<std::string, int64_t> bytes;
+  for (Response& r : in) {
+    if (r.kind != ResponseKind::kCollective || r.params.type != CollectiveType::kAllreduce) {
+      out.push_back(std::move(r));
+      continue;
+    }
+    std::ostringstream k;
+    k << static_cast<int>(r.params.dtype) << "/" << static_cast<int>(r.params.reduce_op) << "/"
+      << r.params.prescale << "/" << r.params.postscale << "/" << r.params.device << "/"
+      << RankList(std::vector<int>(r.joined_ranks.begin(), r.joined_ranks.end()));
+    std::string key = k.str();
+    int64_t b = r.sizes[0] * DataTypeSize(r.params.dtype);
+    auto it = open.find(key);
+    if (it != open.end() && bytes[key] + b <= settings_.fusion_threshold_bytes) {
+      Response& f = out[it->second];
+      f.names.push_back(r.names[0]);
+      f.sizes.push_back(r.sizes[0]);
+      f.cache_ids.push_back(r.cache_ids.empty() ? -1 : r.cache_ids[0]);
+      bytes[key] += b;
+      continue;
+    }
+    if (r.cache_ids.empty()) r.cache_ids = {-1};
+    open[key] = out.size();
+    bytes[key] = b;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string Coordinator::MissingRanks(const Pending& p) const {
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.present[r] && !joined_[r]) missing.push_back(r);
+  }
+  return RankList(missing);
+}
+
+void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out) {
+  if (settings_.stall_check_disable) return;
+  using Secs = std::chrono::duration<double>;
+  std::ostringstream warn;
+  std::vector<std::string> failed;
+  for (auto& kv : table_) {
+    Pending& p = kv.second;
+    double age = Secs(now - p.first_seen).count();
+    if (settings_.stall_shutdown_time_s > 0 && age >= settings_.stall_shutdown_time_s) {
+      failed.push_back(kv.first);
+      continue;
+    }
+    if (age >= settings_.stall_check_time_s &&
+        (p.last_warned == p.first_seen ||
+         Secs(now - p.last_warned).count() >= settings_.stall_check_time_s)) {
+      p.last_warned = now;
+      warn << "\n  '" << kv.first << "' waited " << static_cast<int>(age)
+           << " s; missing ranks " << MissingRanks(p);
+    }
+  }
+  if (!warn.str().empty()) {
+    TFHVD_LOG(*log_, kWarning,
+              "stall: some ranks submitted these collectives and others did not "
+              "(a rank may be stuck, crashed or running different code):"
+                  << warn.str());
+  }
+  for (const auto& name : failed) {
+    const Pending& p = table_[name];
+    std::ostringstream m;
+    m << "tfhvd: '" << name << "' stalled for over " << settings_.stall_shutdown_time_s
+      << " s: ranks " << MissingRanks(p)
+      << " never submitted it (stall shutdown time reached)";
+    TFHVD_LOG(*log_, kError, m.str());
+    out->push_back(ErrorResponse(name, m.str()));
+    table_.erase(name);
+  }
+}
+
+ResponseList Coordinator::Compute(Clock::time_point now) {
+  std::vector<Response> responses;
+  std::vector<std::string> ready;
+  ready.swap(ready_);
+  bool join_done = false;
+  for (const auto& name : ready) {
+    auto it = table_.find(name);
+    if (it == table_.end()) continue;
+    Response r = Build(name, it->second);
+    join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
+    responses.push_back(std::move(r));
+    table_.erase(it);
+  }
+  // Tensors that can never complete: a rank they need has shut down.
+  std::vector<std::string> dead;
+  for (const auto& kv : table_) {
+    const Pending& p = kv.second;
+    std::vector<int> gone;
+    for (int r = 0; r < size_; ++r) {
+      if (shut_down_[r] && (r == 0 || !p.present[r]) && !joined_[r]) gone.push_back(r);
+    }
+    if (!gone.empty()) {
+      int first = 0;
+      while (first < size_ - 1 && !p.present[first]) ++first;
+      Response err = ErrorResponse(
+          kv.first, "tfhvd: " + std::string(CollectiveName(p.by_rank[first].params.type)) +
+                        " of tensor '" + kv.first + "' cannot complete: ranks " + RankList(gone) +
+                        " have shut down");
+      err.error_code = StatusCode::kAborted;
+      responses.push_back(std::move(err));
+      dead.push_back(kv.first);
+    }
+  }
+  for (const auto& n : dead) table_.erase(n);
+  CheckStalls(now, &responses);
+  if (join_done) {
+    std::fill(joined_.begin(), joined_.end(), false);
+    joined_count_ = 0;
+    last_joined_ = -1;
+  }
+  ResponseList list;
+  list.responses = Fuse(std::move(responses));
+  return list;
+}
+
+}  // namespace tfhvd

@@ -1,0 +1,103 @@
+// The coordinator: decides, for all ranks, which collectives run and in what
+// order.
+//
+// Protocol (rank 0 is the coordinator; every rank, rank 0 included, runs the
+// background loop in runtime.cc):
+//
+//  1. A framework thread enqueues a tensor (TensorQueue::Add) and returns.
+//  2. The background thread of each rank takes the new tensors and sends
+//     their Requests to the coordinator; a request the response cache knows
+//     travels as its 4-byte slot id.  Rank 0 hands its own directly to
+//     Coordinator::AddRequests.
+//  3. The coordinator counts, per tensor name, which ranks have asked.  A
+//     name is ready once every rank that has not joined has asked.  Ready
+//     names are kept in the order they became ready.
+//  4. Coordinator::Compute turns ready names into Responses: it compares what
+//     each rank sent (collective, dtype, shape, reduce op, root, scale
+//     factors; trailing dims for allgather/alltoall) and turns any mismatch
+//     into an error Response that names the tensor and what each rank sent.
+//     Compatible allreduces are fused into one Response up to the fusion
+//     threshold.  New cacheable tensors get cache slots.
+//  5. The coordinator sends the ResponseList to every worker and all ranks
+//     execute it in the same order, so data collectives never deadlock.
+//  6. Shutdown: a rank that shuts down says so in its RequestList.  The
+//     coordinator answers it with a shutdown ResponseList and fails every
+//     tensor that still needs it.  When the coordinator itself shuts down it
+//     tells every worker, fails what is pending, and leaves once every worker
+//     has said it is shutting down, so no message is left unmatched.
+//  7. Join: a rank that joins is counted as present for every later tensor
+//     and contributes zeros to allreduces; when all ranks have joined, the
+//     join Response carries the last rank that joined.
+//  8. Stalls: a name some ranks submitted and others did not is reported
+//     after the stall-check time, listing the missing ranks; with a stall
+//     shutdown time it is failed on every rank.
+//
+// Nothing here touches a transport or a framework: the class is driven by
+// runtime.cc and unit-tested on its own.
+#ifndef TFHVD_CORE_CONTROLLER_H_
+#define TFHVD_CORE_CONTROLLER_H_
+
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "logging.h"
+#include "message.h"
+#include "response_cache.h"
+#include "settings.h"
+
+namespace tfhvd {
+
+class Coordinator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Coordinator(int size, const Settings& settings, ResponseCache* cache,
+              const Logger* log);
+
+  // Records what rank `rank` sent (its cached ids are expanded here).
+  void AddRequests(int rank, const RequestList& list, Clock::time_point now);
+  // Builds the responses that are ready, in execution order.  Also fails
+  // tensors that can never complete (a needed rank has shut down) and runs
+  // the stall check.
+  ResponseList Compute(Clock::time_point now);
+
+  bool HasPending() const { return !table_.empty(); }
+  bool IsShutDown(int rank) const { return shut_down_[rank]; }
+  bool AllWorkersShutDown() const;
+
+ private:
+  struct Pending {
+    std::vector<Request> by_rank;  // indexed by rank; name empty if missing
+    std::vector<bool> present;
+    int count = 0;
+    Clock::time_point first_seen;
+    Clock::time_point last_warned;
+  };
+
+  void Add(const Request& r, Clock::time_point now);
+  void MarkReadyIfComplete(const std::string& name);
+  Response Build(const std::string& name, Pending& p);
+  std::string Validate(const std::string& name, const Pending& p) const;
+  std::vector<Response> Fuse(std::vector<Response> in);
+  void CheckStalls(Clock::time_point now, std::vector<Response>* out);
+  std::string MissingRanks(const Pending& p) const;
+  Response ErrorResponse(const std::string& name, const std::string& msg) const;
+
+  int size_;
+  Settings settings_;
+  ResponseCache* cache_;
+  const Logger* log_;
+  std::unordered_map<std::string, Pending> table_;
+  std::vector<std::string> ready_;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
+  std::vector<bool> shut_down_;
+  std::vector<bool> shutdown_announced_;
+};
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_CONTROLLER_H_

@@ -1,0 +1,215 @@
+#include "operations.h"
+
+#include <cstring>
+
+#include "cpu_math.h"
+
+namespace tfhvd {
+namespace {
+
+// Scale applied after the reduction: the user's postscale, and 1/size for
+// Average (Horovod's semantics: integer averages truncate).
+double PostFactor(const CollectiveParams& p, int size) {
+  double f = p.postscale;
+  if (p.reduce_op == ReduceOp::kAverage) f /= size;
+  return f;
+}
+
+ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+Shape WithFirstDim(const Shape& s, int64_t d0) {
+  Shape out = s.empty() ? Shape{d0} : s;
+  out[0] = d0;
+  return out;
+}
+
+int64_t RowElements(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 1; i < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+}  // namespace
+
+char* Executor::FusionBuffer(int64_t bytes) {
+  if (static_cast<int64_t>(fusion_.size()) < bytes) fusion_.resize(bytes);
+  return fusion_.data();
+}
+
+void Executor::Execute(const Response& r,
+                       std::vector<std::unique_ptr<TensorTableEntry>>& entries) {
+  Status st;
+  if (r.kind == ResponseKind::kError) {
+    switch (r.error_code) {
+      case StatusCode::kAborted: st = Status::Aborted(r.error); break;
+      case StatusCode::kInternal: st = Status::Internal(r.error); break;
+      default: st = Status::InvalidArgument(r.error); break;
+    }
+  } else {
+    const CollectiveParams& p = r.params;
+    Collectives* c = backend_->collectives(p.device);
+    if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
+      st = Status::FailedPrecondition(
+          "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(p.device) +
+          " but this build has no GPU collectives; rebuild with TFHVD_GPU_OPERATIONS=NCCL "
+          "or place the tensor on the CPU");
+    } else if (p.reduce_op == ReduceOp::kAdasum &&
+               (p.type == CollectiveType::kAllreduce ||
+                p.type == CollectiveType::kReducescatter)) {
+      st = Status::InvalidArgument("tfhvd: tensor '" + r.names[0] +
+                                   "': the Adasum reduce op is not supported; use Average or Sum");
+    } else {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i]) timeline_->Start(r.names[i], CollectiveName(p.type));
+      }
+      switch (p.type) {
+        case CollectiveType::kAllreduce: st = Allreduce(r, entries, c); break;
+        case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
+        case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c); break;
+        case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c); break;
+        case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c); break;
+        case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
+        case CollectiveType::kBarrier: break;  // negotiation already synchronised
+      }
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i]) timeline_->End(r.names[i]);
+      }
+    }
+    if (!st.ok() && st.message().find(r.names[0]) == std::string::npos) {
+      st = Status(st.code() == StatusCode::kInternal
+                      ? Status::Internal("tfhvd: " + std::string(CollectiveName(p.type)) +
+                                         " of tensor '" + r.names[0] + "' failed: " + st.message())
+                      : st);
+    }
+  }
+  for (auto& e : entries) {
+    if (e && e->callback) e->callback(st);
+  }
+}
+
+Status Executor::Allreduce(const Response& r,
+                           std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+                           Collectives* c) {
+  const CollectiveParams& p = r.params;
+  const int size = backend_->topology().size;
+  const int64_t esize = DataTypeSize(p.dtype);
+  const double post = PostFactor(p, size);
+  const ReduceOp op = WireOp(p.reduce_op);
+  if (entries.size() == 1 && entries[0]) {
+    TensorTableEntry& e = *entries[0];
+    const int64_t n = r.sizes[0];
+    void* out = e.output->mutable_data();
+    if (p.prescale != 1.0) {
+      ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale);
+      TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, out, n, p.dtype, op));
+    } else {
+      const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
+      TFHVD_RETURN_IF_ERROR(c->Allreduce(in, out, n, p.dtype, op));
+    }
+    ScaledCopy(out, out, n, p.dtype, post);
+    return Status::OK();
+  }
+  int64_t total = 0;
+  for (int64_t n : r.sizes) total += n;
+  char* buf = FusionBuffer(total * esize);
+  int64_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t bytes = r.sizes[i] * esize;
+    if (entries[i]) {
+      ScaledCopy(entries[i]->input->data(), buf + off, r.sizes[i], p.dtype, p.prescale);
+    } else {
+      std::memset(buf + off, 0, bytes);  // a joined rank contributes zeros
+    }
+    off += bytes;
+  }
+  TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, total, p.dtype, op));
+  off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i]) {
+      ScaledCopy(buf + off, entries[i]->output->mutable_data(), r.sizes[i], p.dtype, post);
+    }
+    off += r.sizes[i] * esize;
+  }
+  return Status::OK();
+}
+
+Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* c) {
+  const Shape& in = e.params.shape;
+  const int64_t row_bytes = RowElements(in) * DataTypeSize(e.params.dtype);
+  int64_t rows = 0;
+  std::vector<int64_t> recv_bytes;
+  for (int64_t d : r.sizes) {
+    rows += d;
+    recv_bytes.push_back(d * row_bytes);
+  }
+  std::shared_ptr<Tensor> out;
+  TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(0, WithFirstDim(in, rows), &out));
+  e.output = out;
+  return c->Allgatherv(e.input->data(), e.input->size_bytes(), out->mutable_data(), recv_bytes);
+}
+
+Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c) {
+  const int root = r.params.root_rank;
+  if (backend_->topology().rank == root && e.output->mutable_data() != e.input->data()) {
+    std::memcpy(e.output->mutable_data(), e.input->data(), e.input->size_bytes());
+  }
+  return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), root);
+}
+
+Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c) {
+  const int size = backend_->topology().size;
+  const int rank = backend_->topology().rank;
+  const Shape& in = e.params.shape;
+  const int64_t row_bytes = RowElements(in) * DataTypeSize(e.params.dtype);
+  std::vector<int64_t> send_bytes(size), recv_bytes(size);
+  int64_t recv_rows = 0;
+  std::shared_ptr<Tensor> rsplits;
+  TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(1, Shape{size}, &rsplits));
+  int32_t* rs = static_cast<int32_t*>(rsplits->mutable_data());
+  for (int j = 0; j < size; ++j) {
+    send_bytes[j] = r.sizes[rank * size + j] * row_bytes;
+    const int64_t rows = r.sizes[j * size + rank];
+    recv_bytes[j] = rows * row_bytes;
+    rs[j] = static_cast<int32_t>(rows);
+    recv_rows += rows;
+  }
+  std::shared_ptr<Tensor> out;
+  TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(0, WithFirstDim(in, recv_rows), &out));
+  e.output = out;
+  return c->Alltoallv(e.input->data(), send_bytes, out->mutable_data(), recv_bytes);
+}
+
+Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c) {
+  const CollectiveParams& p = r.params;
+  const int size = backend_->topology().size;
+  const int rank = backend_->topology().rank;
+  const int64_t d0 = p.shape[0];
+  const int64_t row = RowElements(p.shape);
+  std::vector<int64_t> counts(size);
+  for (int j = 0; j < size; ++j) counts[j] = (d0 / size + (j < d0 % size ? 1 : 0)) * row;
+  std::shared_ptr<Tensor> out;
+  TFHVD_RETURN_IF_ERROR(
+      e.context->AllocateOutput(0, WithFirstDim(p.shape, counts[rank] / (row ? row : 1)), &out));
+  e.output = out;
+  const void* send = e.input->data();
+  if (p.prescale != 1.0) {
+    char* buf = FusionBuffer(e.input->size_bytes());
+    ScaledCopy(send, buf, NumElements(p.shape), p.dtype, p.prescale);
+    send = buf;
+  }
+  TFHVD_RETURN_IF_ERROR(
+      c->ReduceScatter(send, out->mutable_data(), counts, p.dtype, WireOp(p.reduce_op)));
+  ScaledCopy(out->mutable_data(), out->mutable_data(), counts[rank], p.dtype,
+             PostFactor(p, size));
+  return Status::OK();
+}
+
+Status Executor::Join(const Response& r, TensorTableEntry& e) {
+  std::shared_ptr<Tensor> out;
+  TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(0, Shape{}, &out));
+  *static_cast<int32_t*>(out->mutable_data()) = r.last_joined_rank;
+  e.output = out;
+  return Status::OK();
+}
+
+}  // namespace tfhvd

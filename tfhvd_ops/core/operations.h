@@ -1,0 +1,45 @@
+// Executes agreed Responses on local tensors: the data path.
+//
+// Every rank runs the same ResponseList in the same order.  For each Response
+// the executor gathers the local entries, moves the bytes with the
+// Collectives of the tensors' memory kind, and completes the entries'
+// callbacks.  Allreduces of several tensors go through one persistent fusion
+// buffer; a single tensor is reduced straight from input to output.
+#ifndef TFHVD_CORE_OPERATIONS_H_
+#define TFHVD_CORE_OPERATIONS_H_
+
+#include <memory>
+#include <vector>
+
+#include "backend.h"
+#include "message.h"
+#include "timeline.h"
+
+namespace tfhvd {
+
+class Executor {
+ public:
+  Executor(Backend* backend, Timeline* timeline) : backend_(backend), timeline_(timeline) {}
+
+  // `entries[i]` is the local entry for `r.names[i]`, or null when this rank
+  // has joined (it then contributes zeros).  Calls every entry's callback.
+  void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries);
+
+ private:
+  Status Allreduce(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& e,
+                   Collectives* c);
+  Status Allgather(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Broadcast(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Join(const Response& r, TensorTableEntry& e);
+  char* FusionBuffer(int64_t bytes);
+
+  Backend* backend_;
+  Timeline* timeline_;
+  std::vector<char> fusion_;
+};
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_OPERATIONS_H_

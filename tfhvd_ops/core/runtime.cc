@@ -1,0 +1,253 @@
+#include "runtime.h"
+
+#include <algorithm>
+
+namespace tfhvd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Micros = std::chrono::microseconds;
+
+// How long an idle runtime sleeps before it looks for control messages (a
+// worker's shutdown notice, a stall to report).  Local work wakes it at once.
+constexpr Micros kIdleWait{100000};
+
+// While collectives are outstanding the loop polls the transport: it spins
+// (yielding the core) for a short while, then sleeps with doubling waits up
+// to kMaxWait, so a rank waiting for a straggler does not steal its CPU.
+constexpr Micros kSpinFor{100};
+constexpr Micros kFirstWait{20};
+constexpr Micros kMaxWait{1000};
+
+}  // namespace
+
+Runtime::Runtime(const Settings& settings, std::unique_ptr<Backend> backend)
+    : settings_(settings),
+      backend_(std::move(backend)),
+      log_(settings.log_level, backend_->topology().rank),
+      cache_(settings.cache_capacity),
+      executor_(backend_.get(), &timeline_) {
+  announced_.assign(topology().size, false);
+  if (topology().rank == 0) {
+    coordinator_ = std::make_unique<Coordinator>(topology().size, settings_,
+                                                 settings_.cache_capacity > 0 ? &cache_ : nullptr,
+                                                 &log_);
+  }
+}
+
+Runtime::~Runtime() { Shutdown(); }
+
+Status Runtime::Start() {
+  if (!settings_.timeline_path.empty()) {
+    TFHVD_RETURN_IF_ERROR(
+        timeline_.Start(settings_.timeline_path, topology().rank, settings_.timeline_mark_cycles));
+  }
+  last_round_ = Clock::now();
+  thread_ = std::thread([this] { Loop(); });
+  return Status::OK();
+}
+
+Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
+  return queue_.Add(std::move(entries));
+}
+
+void Runtime::Shutdown() {
+  if (stopped_) return;
+  stopped_ = true;
+  shutdown_requested_ = true;
+  queue_.Notify();
+  if (thread_.joinable()) thread_.join();
+  timeline_.Stop();
+}
+
+RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) {
+  RequestList list;
+  list.shutdown = shutdown;
+  for (Request& r : fresh) {
+    int32_t id = settings_.cache_capacity > 0 ? cache_.Lookup(r.name, r.params) : -1;
+    if (id >= 0) {
+      list.cached_ids.push_back(id);
+    } else {
+      list.requests.push_back(std::move(r));
+    }
+  }
+  return list;
+}
+
+void Runtime::ExecuteList(const ResponseList& list) {
+  const int rank = topology().rank;
+  for (const Response& r : list.responses) {
+    std::vector<std::unique_ptr<TensorTableEntry>> entries(r.names.size());
+    bool joined = std::find(r.joined_ranks.begin(), r.joined_ranks.end(), rank) !=
+                  r.joined_ranks.end();
+    bool missing = false;
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      if (i < r.cache_ids.size()) cache_.Insert(r.cache_ids[i], r.names[i], r.params);
+      TensorTableEntry e;
+      if (queue_.Pop(r.names[i], &e)) {
+        timeline_.NegotiateEnd(r.names[i]);
+        // A fused response carries names[0]'s shape; keep each entry's own.
+        if (i < r.cache_ids.size() && r.cache_ids[i] >= 0 && i > 0) {
+          cache_.Insert(r.cache_ids[i], r.names[i], e.params);
+        }
+        entries[i] = std::make_unique<TensorTableEntry>(std::move(e));
+      } else if (r.kind == ResponseKind::kCollective && !joined) {
+        missing = true;
+        TFHVD_LOG(log_, kError, "response for '" << r.names[i] << "' but no local tensor");
+      }
+    }
+    if (r.kind == ResponseKind::kCollective && !joined && missing) {
+      Response err = r;
+      err.kind = ResponseKind::kError;
+      err.error_code = StatusCode::kInternal;
+      err.error = "tfhvd: internal error: tensor '" + r.names[0] + "' is missing on rank " +
+                  std::to_string(rank);
+      executor_.Execute(err, entries);
+      continue;
+    }
+    bool any = std::any_of(entries.begin(), entries.end(), [](const auto& e) { return !!e; });
+    if (r.kind == ResponseKind::kError && !any) continue;
+    executor_.Execute(r, entries);
+  }
+}
+
+void Runtime::FailAll(const Status& st) {
+  for (TensorTableEntry& e : queue_.TakeAll()) {
+    if (e.callback) e.callback(st);
+  }
+}
+
+bool Runtime::CoordinatorStep(bool shutting_down) {
+  ControlChannel* ch = backend_->control();
+  Clock::time_point now = Clock::now();
+  bool progress = false;
+  std::vector<Request> fresh = queue_.TakeNew(0);
+  for (const Request& r : fresh) timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+  if (!fresh.empty() || (shutting_down && !coordinator_->IsShutDown(0))) {
+    RequestList own;
+    own.requests = std::move(fresh);
+    own.shutdown = shutting_down;
+    coordinator_->AddRequests(0, own, now);
+    progress = true;
+  }
+  std::vector<std::pair<int, std::string>> msgs;
+  Status st = ch->PollWorkers(&msgs);
+  if (!st.ok()) TFHVD_LOG(log_, kError, st.message());
+  for (auto& m : msgs) {
+    RequestList list;
+    if (!Parse(m.second, &list)) {
+      TFHVD_LOG(log_, kError, "corrupt negotiation message from rank " << m.first);
+      continue;
+    }
+    coordinator_->AddRequests(m.first, list, now);
+    progress = true;
+  }
+  if (settings_.cycle_time_ms > 0 &&
+      std::chrono::duration<double, std::milli>(now - last_round_).count() <
+          settings_.cycle_time_ms) {
+    return progress;
+  }
+  ResponseList list = coordinator_->Compute(now);
+  const int size = topology().size;
+  // Send the list to every worker still listening; tell a worker that has
+  // shut down (or everyone, when we shut down) that it may leave.
+  for (int w = 1; w < size; ++w) {
+    if (announced_[w]) continue;
+    bool tell_leave = shutting_down || coordinator_->IsShutDown(w);
+    if (list.responses.empty() && !tell_leave) continue;
+    ResponseList out;
+    out.responses = list.responses;
+    out.shutdown = tell_leave;
+    Status s = ch->SendToWorker(w, Serialize(out));
+    if (!s.ok()) TFHVD_LOG(log_, kError, s.message());
+    if (tell_leave) announced_[w] = true;
+  }
+  if (!list.responses.empty()) {
+    ExecuteList(list);
+    last_round_ = now;
+    progress = true;
+  }
+  return progress;
+}
+
+bool Runtime::WorkerStep(bool shutting_down) {
+  ControlChannel* ch = backend_->control();
+  bool progress = false;
+  std::vector<Request> fresh = queue_.TakeNew(topology().rank);
+  if (coordinator_gone_ && !fresh.empty()) {
+    FailAll(Status::Aborted("tfhvd: the coordinator (rank 0) has shut down; "
+                            "no more collectives can run in this job"));
+    fresh.clear();
+    progress = true;
+  }
+  for (const Request& r : fresh) timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+  bool send_shutdown = shutting_down && !shutdown_sent_;
+  if (!fresh.empty() || send_shutdown) {
+    Status st = ch->SendToCoordinator(Serialize(MakeRequestList(std::move(fresh), send_shutdown)));
+    if (!st.ok()) TFHVD_LOG(log_, kError, st.message());
+    shutdown_sent_ |= send_shutdown;
+    progress = true;
+  }
+  std::vector<std::string> msgs;
+  Status st = ch->PollCoordinator(&msgs);
+  if (!st.ok()) TFHVD_LOG(log_, kError, st.message());
+  for (const std::string& m : msgs) {
+    ResponseList list;
+    if (!Parse(m, &list)) {
+      TFHVD_LOG(log_, kError, "corrupt negotiation message from the coordinator");
+      continue;
+    }
+    ExecuteList(list);
+    if (list.shutdown) {
+      coordinator_gone_ = true;
+      queue_.Close(Status::Aborted("tfhvd: the coordinator (rank 0) has shut down; "
+                                   "no more collectives can run in this job"));
+      FailAll(Status::Aborted(shutting_down
+                                  ? "tfhvd: shut down while this collective was pending"
+                                  : "tfhvd: the coordinator (rank 0) has shut down; "
+                                    "this collective cannot complete"));
+    }
+    progress = true;
+  }
+  return progress;
+}
+
+void Runtime::Loop() {
+  const bool coordinator = topology().rank == 0;
+  Clock::time_point idle_since = Clock::now();
+  Micros wait = kFirstWait;
+  while (true) {
+    timeline_.MarkCycle();
+    const bool shutting_down = shutdown_requested_.load();
+    if (shutting_down) {
+      queue_.Close(Status::Aborted("tfhvd has been shut down; call hvd.init() again"));
+    }
+    bool progress = coordinator ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
+    if (coordinator ? (shutting_down && coordinator_->AllWorkersShutDown() &&
+                       !coordinator_->HasPending())
+                    : (shutting_down && shutdown_sent_ && coordinator_gone_)) {
+      break;
+    }
+    if (progress) {
+      idle_since = Clock::now();
+      wait = kFirstWait;
+      continue;
+    }
+    const bool active = queue_.HasPending() || shutting_down ||
+                        (coordinator && coordinator_->HasPending());
+    if (!active) {
+      queue_.Wait(kIdleWait);
+      continue;
+    }
+    if (Clock::now() - idle_since < kSpinFor) {
+      std::this_thread::yield();
+      continue;
+    }
+    queue_.Wait(wait);
+    wait = std::min(wait * 2, kMaxWait);
+  }
+  backend_->control()->FlushSends();
+  FailAll(Status::Aborted("tfhvd: shut down while this collective was pending"));
+}
+
+}  // namespace tfhvd

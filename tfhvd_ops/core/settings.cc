@@ -1,0 +1,129 @@
+#include "settings.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <sstream>
+
+namespace tfhvd {
+namespace {
+
+const char* kPrefixes[] = {"TFHVD_", "HOROVOD_"};
+
+// Finds NAME under either prefix; `used` receives the full variable name.
+bool Lookup(const EnvLookup& env, const std::string& name, std::string* value,
+            std::string* used) {
+  for (const char* prefix : kPrefixes) {
+    std::string full = std::string(prefix) + name;
+    if (env(full, value) && !value->empty()) {
+      *used = full;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status Bad(const std::string& var, const std::string& value, const char* want) {
+  return Status::InvalidArgument("invalid value '" + value + "' for " + var +
+                                 ": expected " + want);
+}
+
+Status ParseDouble(const EnvLookup& env, const std::string& name, double min,
+                   double* out) {
+  std::string value, var;
+  if (!Lookup(env, name, &value, &var)) return Status::OK();
+  char* end = nullptr;
+  double v = std::strtod(value.c_str(), &end);
+  if (end == value.c_str() || *end != '\0' || !(v >= min)) {
+    return Bad(var, value, min == 0 ? "a number >= 0" : "a number");
+  }
+  *out = v;
+  return Status::OK();
+}
+
+Status ParseInt(const EnvLookup& env, const std::string& name, int64_t* out) {
+  std::string value, var;
+  if (!Lookup(env, name, &value, &var)) return Status::OK();
+  char* end = nullptr;
+  long long v = std::strtoll(value.c_str(), &end, 10);
+  if (end == value.c_str() || *end != '\0' || v < 0) {
+    return Bad(var, value, "an integer >= 0");
+  }
+  *out = v;
+  return Status::OK();
+}
+
+Status ParseBool(const EnvLookup& env, const std::string& name, bool* out) {
+  std::string value, var;
+  if (!Lookup(env, name, &value, &var)) return Status::OK();
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") {
+    *out = true;
+  } else if (v == "0" || v == "false" || v == "no" || v == "off") {
+    *out = false;
+  } else {
+    return Bad(var, value, "1/0, true/false, yes/no or on/off");
+  }
+  return Status::OK();
+}
+
+Status ParseLogLevel(const EnvLookup& env, LogLevel* out) {
+  std::string value, var;
+  if (!Lookup(env, "LOG_LEVEL", &value, &var)) return Status::OK();
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+  static const char* kNames[] = {"trace", "debug", "info", "warning", "error", "fatal"};
+  for (int i = 0; i < 6; ++i) {
+    if (v == kNames[i] || (v == "warn" && i == 3)) {
+      *out = static_cast<LogLevel>(i);
+      return Status::OK();
+    }
+  }
+  return Bad(var, value, "one of trace, debug, info, warning, error, fatal");
+}
+
+}  // namespace
+
+EnvLookup ProcessEnv() {
+  return [](const std::string& name, std::string* value) {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return false;
+    *value = v;
+    return true;
+  };
+}
+
+Status ParseSettings(const EnvLookup& env, Settings* s) {
+  *s = Settings();
+  TFHVD_RETURN_IF_ERROR(ParseInt(env, "FUSION_THRESHOLD", &s->fusion_threshold_bytes));
+  TFHVD_RETURN_IF_ERROR(ParseDouble(env, "CYCLE_TIME", 0, &s->cycle_time_ms));
+  TFHVD_RETURN_IF_ERROR(ParseInt(env, "CACHE_CAPACITY", &s->cache_capacity));
+  TFHVD_RETURN_IF_ERROR(ParseLogLevel(env, &s->log_level));
+  TFHVD_RETURN_IF_ERROR(
+      ParseDouble(env, "STALL_CHECK_TIME_SECONDS", 0, &s->stall_check_time_s));
+  TFHVD_RETURN_IF_ERROR(
+      ParseDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", 0, &s->stall_shutdown_time_s));
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "STALL_CHECK_DISABLE", &s->stall_check_disable));
+  std::string var;
+  Lookup(env, "TIMELINE", &s->timeline_path, &var);
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
+  return Status::OK();
+}
+
+std::string Settings::ToString() const {
+  static const char* kNames[] = {"trace", "debug", "info", "warning", "error", "fatal"};
+  std::ostringstream o;
+  o << "fusion_threshold_bytes=" << fusion_threshold_bytes << "\n"
+    << "cycle_time_ms=" << cycle_time_ms << "\n"
+    << "cache_capacity=" << cache_capacity << "\n"
+    << "log_level=" << kNames[static_cast<int>(log_level)] << "\n"
+    << "stall_check_time_s=" << stall_check_time_s << "\n"
+    << "stall_shutdown_time_s=" << stall_shutdown_time_s << "\n"
+    << "stall_check_disable=" << (stall_check_disable ? 1 : 0) << "\n"
+    << "timeline_path=" << timeline_path << "\n"
+    << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n";
+  return o.str();
+}
+
+}  // namespace tfhvd

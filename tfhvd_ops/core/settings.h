@@ -1,0 +1,46 @@
+// Runtime settings, each declared once with its default and parsed once at
+// init (NCCL's NCCL_PARAM habit).  Every setting is read from its TFHVD_*
+// name first and Horovod's HOROVOD_* name second, so existing job scripts
+// keep working unchanged.
+#ifndef TFHVD_CORE_SETTINGS_H_
+#define TFHVD_CORE_SETTINGS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace tfhvd {
+
+enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+
+struct Settings {
+  int64_t fusion_threshold_bytes = 64 * 1024 * 1024;  // FUSION_THRESHOLD
+  double cycle_time_ms = 0.0;          // CYCLE_TIME: min gap between rounds
+  int64_t cache_capacity = 1024;       // CACHE_CAPACITY: 0 disables the cache
+  LogLevel log_level = LogLevel::kWarning;  // LOG_LEVEL
+  double stall_check_time_s = 60.0;    // STALL_CHECK_TIME_SECONDS
+  double stall_shutdown_time_s = 0.0;  // STALL_SHUTDOWN_TIME_SECONDS (0: off)
+  bool stall_check_disable = false;    // STALL_CHECK_DISABLE
+  std::string timeline_path;           // TIMELINE
+  bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
+
+  // "key=value" lines, for `tfhvd` diagnostics and tests.
+  std::string ToString() const;
+};
+
+// Reads an environment variable; returns false when unset.
+using EnvLookup = std::function<bool(const std::string& name, std::string* value)>;
+
+// Parses every setting.  A malformed value is an InvalidArgument naming the
+// variable and the value, never a silent default.
+Status ParseSettings(const EnvLookup& env, Settings* out);
+
+// EnvLookup over the process environment.
+EnvLookup ProcessEnv();
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_SETTINGS_H_

@@ -1,0 +1,90 @@
+#include "tensor_queue.h"
+
+namespace tfhvd {
+
+Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return close_reason_;
+    for (auto& e : entries) incoming_.push_back(std::move(e));
+    signalled_ = true;
+  }
+  cv_.notify_one();
+  return Status::OK();
+}
+
+void TensorQueue::Close(const Status& reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  closed_ = true;
+  close_reason_ = reason;
+}
+
+std::vector<Request> TensorQueue::TakeNew(int32_t rank) {
+  std::deque<TensorTableEntry> fresh;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    fresh.swap(incoming_);
+    signalled_ = false;
+  }
+  std::vector<Request> out;
+  for (auto& e : fresh) {
+    if (pending_.count(e.name)) {
+      held_[e.name].push_back(std::move(e));
+      continue;
+    }
+    Request r;
+    r.rank = rank;
+    r.name = e.name;
+    r.params = e.params;
+    out.push_back(std::move(r));
+    std::string name = e.name;
+    pending_.emplace(std::move(name), std::move(e));
+  }
+  return out;
+}
+
+bool TensorQueue::Pop(const std::string& name, TensorTableEntry* out) {
+  auto it = pending_.find(name);
+  if (it == pending_.end()) return false;
+  *out = std::move(it->second);
+  pending_.erase(it);
+  auto h = held_.find(name);
+  if (h != held_.end()) {
+    // Release the next submission under this name.
+    std::lock_guard<std::mutex> l(mu_);
+    incoming_.push_front(std::move(h->second.front()));
+    h->second.pop_front();
+    if (h->second.empty()) held_.erase(h);
+    signalled_ = true;
+  }
+  return true;
+}
+
+std::vector<TensorTableEntry> TensorQueue::TakeAll() {
+  std::vector<TensorTableEntry> out;
+  for (auto& kv : pending_) out.push_back(std::move(kv.second));
+  pending_.clear();
+  for (auto& kv : held_) {
+    for (auto& e : kv.second) out.push_back(std::move(e));
+  }
+  held_.clear();
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& e : incoming_) out.push_back(std::move(e));
+  incoming_.clear();
+  return out;
+}
+
+void TensorQueue::Wait(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!signalled_) cv_.wait_for(l, timeout, [this] { return signalled_; });
+}
+
+void TensorQueue::Notify() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    signalled_ = true;
+  }
+  cv_.notify_one();
+}
+
+}  // namespace tfhvd

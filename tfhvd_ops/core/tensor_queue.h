@@ -1,0 +1,64 @@
+// The tensor queue: where framework threads hand collectives to the
+// background thread.
+//
+// Framework threads call Add() (any thread, any time).  Only the background
+// thread calls the other methods.  An idle background thread blocks in
+// Wait() on a condition variable, so an idle runtime uses no CPU; Add() wakes
+// it at once, so latency is not bound to a polling cycle.
+//
+// Two submissions under one name may be in flight at once (eager code that
+// calls the same op in a loop from two threads).  The second is held back
+// until the first completes, then negotiated on its own, so nothing a user
+// submitted is dropped or mixed up.
+#ifndef TFHVD_CORE_TENSOR_QUEUE_H_
+#define TFHVD_CORE_TENSOR_QUEUE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.h"
+#include "message.h"
+
+namespace tfhvd {
+
+class TensorQueue {
+ public:
+  // Adds a group of entries atomically.  Fails (and calls nobody back) when
+  // the queue has been closed.
+  Status Add(std::vector<TensorTableEntry> entries);
+  // Closes the queue: later Add() calls fail with `reason`.
+  void Close(const Status& reason);
+
+  // Moves newly added entries into the pending table; returns their
+  // requests in submission order.
+  std::vector<Request> TakeNew(int32_t rank);
+  // Removes the pending entry for `name`.  Returns false if none.
+  bool Pop(const std::string& name, TensorTableEntry* out);
+  bool HasPending() const { return !pending_.empty(); }
+  // Removes every pending and held entry (for failing them at shutdown).
+  std::vector<TensorTableEntry> TakeAll();
+
+  // Blocks until Add() or Notify() is called, or `timeout` passes.
+  void Wait(std::chrono::microseconds timeout);
+  void Notify();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool signalled_ = false;
+  bool closed_ = false;
+  Status close_reason_;
+  std::deque<TensorTableEntry> incoming_;
+  // Background thread only.
+  std::unordered_map<std::string, TensorTableEntry> pending_;
+  std::unordered_map<std::string, std::deque<TensorTableEntry>> held_;
+};
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_TENSOR_QUEUE_H_

@@ -1,0 +1,59 @@
+// A Chrome-trace (Perfetto / chrome://tracing) timeline of what the runtime
+// does to each tensor: one row per tensor name, with its negotiation and its
+// collective as spans, and optionally the background loop's cycles.
+//
+// The file is valid JSON after every event: each write replaces the closing
+// "]" and writes it again, so a job that dies abruptly still leaves a
+// loadable trace (Horovod's is left unterminated).  Disabled, every call is
+// one branch.
+#ifndef TFHVD_CORE_TIMELINE_H_
+#define TFHVD_CORE_TIMELINE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common.h"
+
+namespace tfhvd {
+
+class Timeline {
+ public:
+  Timeline() = default;
+  ~Timeline() { Stop(); }
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Opens (truncates) `path` and starts recording for process `rank`.
+  Status Start(const std::string& path, int rank, bool mark_cycles);
+  void Stop();
+  bool enabled() const { return on_.load(std::memory_order_relaxed); }
+
+  void NegotiateStart(const std::string& name, const char* op);
+  void NegotiateEnd(const std::string& name);
+  // A collective span; `detail` names the phase (e.g. "MPI_ALLREDUCE").
+  void Start(const std::string& name, const char* activity);
+  void End(const std::string& name);
+  void MarkCycle();
+
+ private:
+  int Row(const std::string& name);  // requires mu_
+  void Write(const std::string& event);  // requires mu_
+  int64_t NowMicros() const;
+
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;
+  std::atomic<bool> on_{false};
+  bool first_ = true;
+  bool mark_cycles_ = false;
+  int rank_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  std::unordered_map<std::string, int> rows_;
+};
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_CORE_TIMELINE_H_
