@@ -69,13 +69,13 @@ test-core: setup
 
 test-single: setup
 	@echo "== single-process tests"
-	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q -p no:cacheprovider tests/single
+	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q --color=no -p no:cacheprovider tests/single
 
 test-parallel: setup
 	@echo "== parallel tests under mpirun -np 2"
-	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q -p no:cacheprovider tests/parallel
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under mpirun -np 3"
-	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q -p no:cacheprovider tests/parallel
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 
 clean:
 	rm -rf $(BUILD_DIR) $(LIB) *.egg-info

@@ -1,0 +1,140 @@
+"""Gradients of the collectives and DistributedGradientTape on N ranks."""
+
+import numpy as np
+import tensorflow as tf
+
+import tfhvd.tensorflow as hvd
+
+
+def grad_of(fn, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.gradient(y, x)
+
+
+def test_allreduce_grad_sum_and_average():
+    size = hvd.size()
+    x = tf.constant([1.0, 2.0])
+    # loss = sum(y) on every rank; d(sum of all ranks' losses)/dx = size for Sum.
+    g = grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum, name="gs")), x)
+    np.testing.assert_allclose(g.numpy(), [size, size])
+    g = grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Average, name="ga")), x)
+    np.testing.assert_allclose(g.numpy(), [1.0, 1.0])
+
+
+def test_allreduce_grad_max_goes_to_the_max_rank():
+    rank, size = hvd.rank(), hvd.size()
+    x = tf.constant([float(rank), -float(rank)])
+    g = grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Max, name="gm")), x)
+    want = [size if rank == size - 1 else 0.0, size if rank == 0 else 0.0]
+    np.testing.assert_allclose(g.numpy(), want)
+
+
+def test_grouped_allreduce_grad():
+    size = hvd.size()
+    xs = [tf.constant([1.0]), tf.constant([2.0, 3.0])]
+    with tf.GradientTape() as tape:
+        for x in xs:
+            tape.watch(x)
+        ys = hvd.grouped_allreduce(xs, op=hvd.Sum, name="gg")
+        loss = tf.add_n([tf.reduce_sum(y) for y in ys])
+    gs = tape.gradient(loss, xs)
+    np.testing.assert_allclose(gs[1].numpy(), [size, size])
+
+
+def test_allgather_grad():
+    rank, size = hvd.rank(), hvd.size()
+    x = tf.ones([rank + 1, 2])
+    # y = concat of every rank's x; loss = sum(y * w) with w the row index.
+    def fn(t):
+        y = hvd.allgather(t, name="gag")
+        w = tf.cast(tf.range(tf.shape(y)[0]), tf.float32)[:, None]
+        return tf.reduce_sum(y * w)
+
+    g = grad_of(fn, x)
+    start = sum(r + 1 for r in range(rank))
+    want = np.repeat(np.arange(start, start + rank + 1, dtype=np.float32)[:, None], 2, 1)
+    np.testing.assert_allclose(g.numpy(), want)  # averaged over identical ranks
+
+
+def test_broadcast_grad():
+    rank = hvd.rank()
+    g = grad_of(lambda t: tf.reduce_sum(hvd.broadcast(t, 0, name="gb") * 3.0), tf.ones([2]))
+    np.testing.assert_allclose(g.numpy(), [3.0, 3.0] if rank == 0 else [0.0, 0.0])
+
+
+def test_alltoall_grad():
+    rank, size = hvd.rank(), hvd.size()
+    splits = [1] * size
+    x = tf.fill([size], float(rank))
+
+    def fn(t):
+        y, _ = hvd.alltoall(t, splits=splits, name="gat")
+        # Row j came from rank j; weight it by j + 1.
+        return tf.reduce_sum(y * tf.range(1.0, size + 1.0))
+
+    g = grad_of(fn, x)
+    # The row x[j] went to rank j, which weighted it by rank + 1.
+    np.testing.assert_allclose(g.numpy(), np.full([size], rank + 1.0))
+
+
+def test_reducescatter_grad():
+    rank, size = hvd.rank(), hvd.size()
+    x = tf.ones([size * 2])
+
+    def fn(t):
+        return tf.reduce_sum(hvd.reducescatter(t, op=hvd.Sum, name="grs") * (rank + 1.0))
+
+    g = grad_of(fn, x)
+    want = np.repeat(np.arange(1.0, size + 1.0), 2)
+    np.testing.assert_allclose(g.numpy(), want)
+
+
+def test_distributed_gradient_tape_averages():
+    rank, size = hvd.rank(), hvd.size()
+    w = tf.Variable([1.0, 1.0])
+    for use_fn in (False, True):
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * float(rank + 1))
+            tape = hvd.DistributedGradientTape(tape)
+            return tape.gradient(loss, [w])[0]
+
+        g = tf.function(step)() if use_fn else step()
+        np.testing.assert_allclose(g.numpy(), np.full([2], (size + 1) / 2.0))
+
+
+def test_distributed_gradient_tape_options():
+    rank, size = hvd.rank(), hvd.size()
+    w = tf.Variable([1.0, 2.0])
+    emb = tf.Variable(tf.ones([5, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(rank + 1)) + tf.reduce_sum(
+            tf.nn.embedding_lookup(emb, [rank % 5]))
+    tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16,
+                                       op=hvd.Sum, sparse_as_dense=True, num_groups=2)
+    gw, gemb = tape.gradient(loss, [w, emb])
+    np.testing.assert_allclose(gw.numpy(), np.full([2], size * (size + 1) / 2.0))
+    assert isinstance(gemb, tf.Tensor)  # densified
+    assert float(tf.reduce_sum(gemb)) == 2.0 * size
+
+
+def test_indexed_slices_allreduce():
+    rank, size = hvd.rank(), hvd.size()
+    s = tf.IndexedSlices(tf.fill([1, 2], float(rank + 1)), tf.constant([rank]),
+                         dense_shape=tf.constant([size, 2]))
+    out = hvd.allreduce(s)
+    assert isinstance(out, tf.IndexedSlices)
+    dense = tf.convert_to_tensor(out).numpy()
+    np.testing.assert_allclose(dense[:, 0], (np.arange(size) + 1.0) / size)
+
+
+def test_predivide_factor():
+    rank, size = hvd.rank(), hvd.size()
+    w = tf.Variable([1.0])
+    with tf.GradientTape() as tape:
+        loss = w * float(rank + 1)
+    tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=float(size))
+    (g,) = tape.gradient(loss, [w])
+    np.testing.assert_allclose(g.numpy(), [(size + 1) / 2.0], rtol=1e-6)
