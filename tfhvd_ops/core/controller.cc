@@ -55,7 +55,7 @@ Coordinator::Coordinator(int size, const Settings& settings, ResponseCache* cach
       log_(log),
       joined_(size, false),
       shut_down_(size, false),
-      shutdown_announced_(size, false) {}
+      last_stall_check_(Clock::now()) {}
 
 bool Coordinator::AllWorkersShutDown() const {
   for (int r = 1; r < size_; ++r) {
@@ -82,7 +82,10 @@ void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_poi
     copy.rank = rank;
     Add(copy, now);
   }
-  if (list.shutdown) shut_down_[rank] = true;
+  if (list.shutdown) {
+    shut_down_[rank] = true;
+    any_shut_down_ = true;
+  }
 }
 
 void Coordinator::Add(const Request& r, Clock::time_point now) {
@@ -121,12 +124,14 @@ void Coordinator::Add(const Request& r, Clock::time_point now) {
 
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   auto it = table_.find(name);
-  if (it == table_.end()) return;
-  const Pending& p = it->second;
+  if (it == table_.end() || it->second.ready) return;
+  Pending& p = it->second;
+  if (p.count + joined_count_ < size_) return;  // fast path: someone is missing
   for (int r = 0; r < size_; ++r) {
     if (!p.present[r] && !joined_[r]) return;
   }
-  if (std::find(ready_.begin(), ready_.end(), name) == ready_.end()) ready_.push_back(name);
+  p.ready = true;
+  ready_.push_back(name);
 }
 
 Response Coordinator::ErrorResponse(const std::string& name, const std::string& msg) const {
@@ -322,33 +327,35 @@ Response Coordinator::Build(const std::string& name, Pending& p) {
 }
 
 std::vector<Response> Coordinator::Fuse(std::vector<Response> in) {
+  // Allreduces fuse when they agree on everything but name and shape.
+  auto fusable = [](const Response& a, const Response& b) {
+    return a.params.dtype == b.params.dtype && a.params.reduce_op == b.params.reduce_op &&
+           a.params.prescale == b.params.prescale && a.params.postscale == b.params.postscale &&
+           a.params.device == b.params.device && a.joined_ranks == b.joined_ranks;
+  };
   std::vector<Response> out;
-  // Index in `out` of the open fused allreduce for each key.
-  std::map<std::string, size_t> open;
-  std::map<std::string, int64_t> bytes;
+  std::vector<std::pair<size_t, int64_t>> open;  // (index in out, bytes so far)
   for (Response& r : in) {
     if (r.kind != ResponseKind::kCollective || r.params.type != CollectiveType::kAllreduce) {
       out.push_back(std::move(r));
       continue;
     }
-    std::ostringstream k;
-    k << static_cast<int>(r.params.dtype) << "/" << static_cast<int>(r.params.reduce_op) << "/"
-      << r.params.prescale << "/" << r.params.postscale << "/" << r.params.device << "/"
-      << RankList(std::vector<int>(r.joined_ranks.begin(), r.joined_ranks.end()));
-    std::string key = k.str();
-    int64_t b = r.sizes[0] * DataTypeSize(r.params.dtype);
-    auto it = open.find(key);
-    if (it != open.end() && bytes[key] + b <= settings_.fusion_threshold_bytes) {
-      Response& f = out[it->second];
-      f.names.push_back(r.names[0]);
-      f.sizes.push_back(r.sizes[0]);
-      f.cache_ids.push_back(r.cache_ids.empty() ? -1 : r.cache_ids[0]);
-      bytes[key] += b;
-      continue;
-    }
     if (r.cache_ids.empty()) r.cache_ids = {-1};
-    open[key] = out.size();
-    bytes[key] = b;
+    const int64_t b = r.sizes[0] * DataTypeSize(r.params.dtype);
+    bool merged = false;
+    for (auto& o : open) {
+      Response& f = out[o.first];
+      if (fusable(f, r) && o.second + b <= settings_.fusion_threshold_bytes) {
+        f.names.push_back(std::move(r.names[0]));
+        f.sizes.push_back(r.sizes[0]);
+        f.cache_ids.push_back(r.cache_ids[0]);
+        o.second += b;
+        merged = true;
+        break;
+      }
+    }
+    if (merged) continue;
+    open.emplace_back(out.size(), b);
     out.push_back(std::move(r));
   }
   return out;
@@ -400,20 +407,8 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
   }
 }
 
-ResponseList Coordinator::Compute(Clock::time_point now) {
-  std::vector<Response> responses;
-  std::vector<std::string> ready;
-  ready.swap(ready_);
-  bool join_done = false;
-  for (const auto& name : ready) {
-    auto it = table_.find(name);
-    if (it == table_.end()) continue;
-    Response r = Build(name, it->second);
-    join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
-    responses.push_back(std::move(r));
-    table_.erase(it);
-  }
-  // Tensors that can never complete: a rank they need has shut down.
+// Fails tensors that can never complete: a rank they need has shut down.
+void Coordinator::FailUnreachable(std::vector<Response>* out) {
   std::vector<std::string> dead;
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
@@ -429,12 +424,31 @@ ResponseList Coordinator::Compute(Clock::time_point now) {
                         " of tensor '" + kv.first + "' cannot complete: ranks " + RankList(gone) +
                         " have shut down");
       err.error_code = StatusCode::kAborted;
-      responses.push_back(std::move(err));
+      out->push_back(std::move(err));
       dead.push_back(kv.first);
     }
   }
   for (const auto& n : dead) table_.erase(n);
-  CheckStalls(now, &responses);
+}
+
+ResponseList Coordinator::Compute(Clock::time_point now) {
+  std::vector<Response> responses;
+  std::vector<std::string> ready;
+  ready.swap(ready_);
+  bool join_done = false;
+  for (const auto& name : ready) {
+    auto it = table_.find(name);
+    if (it == table_.end()) continue;
+    Response r = Build(name, it->second);
+    join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
+    responses.push_back(std::move(r));
+    table_.erase(it);
+  }
+  if (any_shut_down_) FailUnreachable(&responses);
+  if (now - last_stall_check_ >= std::chrono::seconds(1)) {
+    last_stall_check_ = now;
+    CheckStalls(now, &responses);
+  }
   if (join_done) {
     std::fill(joined_.begin(), joined_.end(), false);
     joined_count_ = 0;

@@ -72,6 +72,7 @@ class Coordinator {
     std::vector<Request> by_rank;  // indexed by rank; name empty if missing
     std::vector<bool> present;
     int count = 0;
+    bool ready = false;  // queued in ready_
     Clock::time_point first_seen;
     Clock::time_point last_warned;
   };
@@ -82,6 +83,7 @@ class Coordinator {
   std::string Validate(const std::string& name, const Pending& p) const;
   std::vector<Response> Fuse(std::vector<Response> in);
   void CheckStalls(Clock::time_point now, std::vector<Response>* out);
+  void FailUnreachable(std::vector<Response>* out);
   std::string MissingRanks(const Pending& p) const;
   Response ErrorResponse(const std::string& name, const std::string& msg) const;
 
@@ -95,7 +97,8 @@ class Coordinator {
   int joined_count_ = 0;
   int last_joined_ = -1;
   std::vector<bool> shut_down_;
-  std::vector<bool> shutdown_announced_;
+  bool any_shut_down_ = false;
+  Clock::time_point last_stall_check_;
 };
 
 }  // namespace tfhvd

@@ -21,11 +21,11 @@ class Logger {
   int rank_;
 };
 
-#define TFHVD_LOG(logger, lvl, expr)                          \
+#define TFHVD_LOG(logger, lvl, ...)                           \
   do {                                                        \
     if ((logger).Enabled(::tfhvd::LogLevel::lvl)) {           \
       std::ostringstream _o;                                  \
-      _o << expr;                                             \
+      _o << __VA_ARGS__;                                      \
       (logger).Log(::tfhvd::LogLevel::lvl, _o.str());         \
     }                                                         \
   } while (0)

@@ -16,6 +16,10 @@ constexpr Micros kIdleWait{100000};
 // (yielding the core) for a short while, then sleeps with doubling waits up
 // to kMaxWait, so a rank waiting for a straggler does not steal its CPU.
 constexpr Micros kSpinFor{100};
+// After finishing work the loop stays awake this long before it sleeps: the
+// next collective of a training step usually follows within microseconds,
+// and waking a sleeping thread costs more than that.
+constexpr Micros kLinger{50};
 constexpr Micros kFirstWait{20};
 constexpr Micros kMaxWait{1000};
 
@@ -163,7 +167,18 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     if (tell_leave) announced_[w] = true;
   }
   if (!list.responses.empty()) {
+    if (log_.Enabled(LogLevel::kDebug)) {
+      size_t tensors = 0;
+      for (const Response& r : list.responses) tensors += r.names.size();
+      TFHVD_LOG(log_, kDebug, "round: " << list.responses.size() << " responses for " << tensors
+                                         << " tensors");
+    }
+    auto t0 = Clock::now();
     ExecuteList(list);
+    TFHVD_LOG(log_, kDebug, "executed in "
+                                << std::chrono::duration<double, std::micro>(Clock::now() - t0).count()
+                                << " us; negotiation took "
+                                << std::chrono::duration<double, std::micro>(t0 - now).count() << " us");
     last_round_ = now;
     progress = true;
   }
@@ -236,7 +251,11 @@ void Runtime::Loop() {
     const bool active = queue_.HasPending() || shutting_down ||
                         (coordinator && coordinator_->HasPending());
     if (!active) {
-      queue_.Wait(kIdleWait);
+      if (Clock::now() - idle_since < kLinger) {
+        std::this_thread::yield();
+      } else {
+        queue_.Wait(kIdleWait);
+      }
       continue;
     }
     if (Clock::now() - idle_since < kSpinFor) {

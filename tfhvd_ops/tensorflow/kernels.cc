@@ -152,12 +152,11 @@ class HorovodOp : public AsyncOpKernel {
     params_.type = type;
   }
 
+  // ComputeAsync only enqueues: running it inline in the executor is cheaper
+  // than handing each collective to the inter-op thread pool.
+  bool IsExpensive() override { return false; }
+
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (!core::CurrentRuntime()) {
-      ctx->SetStatus(errors::FailedPrecondition(core::kNotInitialized));
-      done();
-      return;
-    }
     const int n = NumEntries(ctx);
     auto completion = std::make_shared<Completion>(ctx, std::move(done), n);
     std::vector<core::TensorTableEntry> entries;

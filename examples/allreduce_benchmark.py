@@ -1,0 +1,148 @@
+"""Allreduce benchmark: tfhvd against raw mpi4py, interleaved in the same processes.
+
+    mpirun -np 2 python examples/allreduce_benchmark.py
+
+For each size it alternates one tfhvd allreduce (eager, op=Sum) with one
+mpi4py ``Allreduce`` of a numpy array of the same size, so both see the same
+machine noise, and reports medians and the ratio raw/tfhvd (1.0 = no
+overhead).  It also times many small tensors in one ``tf.function`` against
+one tensor of their total size, and a raw mpi4py Allreduce while tfhvd is
+initialised but idle against the same call with tfhvd shut down.
+"""
+
+import argparse
+import statistics
+import time
+from typing import Callable, List, Tuple
+
+from mpi4py import MPI  # initialises MPI (THREAD_MULTIPLE); tfhvd reuses it
+
+import numpy as np
+import tensorflow as tf
+
+import tfhvd.tensorflow as hvd
+
+COMM = MPI.COMM_WORLD
+
+
+def timed(fn: Callable[[], object]) -> float:
+    COMM.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleave(a: Callable[[], object], b: Callable[[], object], reps: int
+               ) -> Tuple[float, float]:
+    """Medians (seconds) of a and b, alternated; both warmed up first."""
+    for _ in range(3):
+        a()
+        b()
+    ta: List[float] = []
+    tb: List[float] = []
+    for _ in range(reps):
+        ta.append(timed(a))
+        tb.append(timed(b))
+    # Every rank reports the slowest rank's median (what a job waits for).
+    return (COMM.allreduce(statistics.median(ta), op=MPI.MAX),
+            COMM.allreduce(statistics.median(tb), op=MPI.MAX))
+
+
+def human(n: int) -> str:
+    return "%d KiB" % (n // 1024) if n < 1 << 20 else "%d MiB" % (n >> 20)
+
+
+def size_table(reps: int, max_bytes: int) -> None:
+    if hvd.rank() == 0:
+        print("\n## Single allreduce (float32, op=Sum), median of %d, slowest rank" % reps)
+        print("| size | tfhvd (us) | mpi4py Allreduce (us) | raw/tfhvd |")
+        print("|---:|---:|---:|---:|")
+    n = 1024
+    while n <= max_bytes:
+        count = n // 4
+        x = tf.ones([count], tf.float32)
+        src = np.ones(count, np.float32)
+        dst = np.empty_like(src)
+        r = max(5, reps if n <= (1 << 20) else reps // 4)
+        t_hvd, t_raw = interleave(lambda: hvd.allreduce(x, op=hvd.Sum, name="bench").numpy(),
+                                  lambda: COMM.Allreduce(src, dst, op=MPI.SUM), r)
+        if hvd.rank() == 0:
+            print("| %s | %.1f | %.1f | %.2f |" % (human(n), t_hvd * 1e6, t_raw * 1e6,
+                                                 t_raw / t_hvd), flush=True)
+        n *= 4
+
+
+def many_small(reps: int) -> None:
+    small = [tf.ones([1024], tf.float32) for _ in range(64)]  # 64 x 4 KiB
+    big = tf.ones([64 * 1024], tf.float32)                   # 256 KiB
+
+    @tf.function
+    def many(ts):
+        return [hvd.allreduce(t, op=hvd.Sum, name="small_%d" % i) for i, t in enumerate(ts)]
+
+    @tf.function
+    def one(t):
+        return hvd.allreduce(t, op=hvd.Sum, name="big")
+
+    t_many, t_one = interleave(lambda: many(small), lambda: one(big), reps)
+    if hvd.rank() == 0:
+        print("\n## 64 tensors of 4 KiB in one tf.function vs one 256 KiB tensor")
+        print("| case | median (us) |")
+        print("|---|---:|")
+        print("| 64 x 4 KiB | %.1f |" % (t_many * 1e6))
+        print("| 1 x 256 KiB | %.1f |" % (t_one * 1e6))
+        print("| ratio | %.2f |" % (t_many / t_one), flush=True)
+
+
+def idle_interference(rounds: int, reps: int) -> None:
+    """Raw mpi4py Allreduce with tfhvd idle vs shut down, alternated."""
+    src = np.ones(256, np.float32)  # 1 KiB: the most sensitive to a busy thread
+    dst = np.empty_like(src)
+
+    def raw_median() -> float:
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            COMM.Allreduce(src, dst, op=MPI.SUM)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    idle, off = [], []
+    for _ in range(rounds):
+        hvd.shutdown()
+        COMM.Barrier()
+        off.append(raw_median())
+        hvd.init()
+        hvd.allreduce(tf.ones([4]), name="warm")  # the runtime has run, now idles
+        time.sleep(0.2)
+        COMM.Barrier()
+        idle.append(raw_median())
+    t_idle = COMM.allreduce(statistics.median(idle), op=MPI.MAX)
+    t_off = COMM.allreduce(statistics.median(off), op=MPI.MAX)
+    if hvd.rank() == 0:
+        print("\n## Raw mpi4py Allreduce (1 KiB) while tfhvd is idle vs shut down")
+        print("| tfhvd state | median (us) |")
+        print("|---|---:|")
+        print("| shut down | %.2f |" % (t_off * 1e6))
+        print("| initialised, idle | %.2f |" % (t_idle * 1e6))
+        print("| idle/off | %.2f |" % (t_idle / t_off), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=200, help="timed repetitions per size")
+    p.add_argument("--max-mib", type=int, default=64, help="largest size in MiB")
+    p.add_argument("--skip-idle", action="store_true", help="skip the idle-interference test")
+    args = p.parse_args()
+    hvd.init()
+    if hvd.rank() == 0:
+        print("tfhvd %s, %d ranks, TensorFlow %s, %s" % (hvd.__version__, hvd.size(),
+                                                        tf.__version__, MPI.Get_library_version().splitlines()[0]))
+    size_table(args.reps, args.max_mib << 20)
+    many_small(max(20, args.reps // 4))
+    if not args.skip_idle:
+        idle_interference(rounds=5, reps=max(50, args.reps))
+
+
+if __name__ == "__main__":
+    main()
