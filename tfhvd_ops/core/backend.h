@@ -8,6 +8,7 @@
 #ifndef TFHVD_CORE_BACKEND_H_
 #define TFHVD_CORE_BACKEND_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,7 +40,13 @@ class ControlChannel {
   virtual Status PollCoordinator(std::vector<std::string>* out) = 0;
   // Waits until every send has been delivered to the transport.
   virtual Status FlushSends() = 0;
+  // Blocks until a message may have arrived, `wake_fd` (the tensor queue's
+  // eventfd) is readable, or `timeout` passes, and returns true.  A channel
+  // that cannot block returns false at once and the caller polls instead.
+  virtual bool Wait(int wake_fd, std::chrono::microseconds timeout) { return false; }
 };
+// A message with empty bytes from PollWorkers/PollCoordinator means that the
+// peer's connection closed: the process is gone.
 
 // Data collectives over one memory kind.  Counts are in elements of `dtype`
 // unless named *_bytes.  A null `send` means in place.  Reduce ops are Sum,
@@ -58,6 +65,28 @@ class Collectives {
                                const std::vector<int64_t>& recv_counts, DataType dtype,
                                ReduceOp op) = 0;
   virtual Status Barrier() = 0;
+
+  // Memory operations in this transport's memory kind, so the executor can
+  // fuse and scale without knowing where tensors live.
+  // A buffer of at least `bytes`, owned by the collectives and reused.
+  virtual void* FusionBuffer(int64_t bytes) = 0;
+  // dst[i] = src[i] * factor for `count` elements (a copy when factor == 1).
+  virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
+                            double factor) = 0;
+  virtual Status Zero(void* dst, int64_t bytes) = 0;
+};
+
+// Host-memory implementation of the memory operations, shared by every
+// backend that moves host tensors.
+class HostMemoryOps : public Collectives {
+ public:
+  void* FusionBuffer(int64_t bytes) override;
+  Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
+                    double factor) override;
+  Status Zero(void* dst, int64_t bytes) override;
+
+ private:
+  std::vector<char> fusion_;
 };
 
 // What init() was given: a list of world ranks, an existing communicator
@@ -65,6 +94,8 @@ class Collectives {
 struct BackendOptions {
   std::vector<int> ranks;
   void* comm_handle = nullptr;
+  bool tcp_control = false;   // negotiate over TCP sockets, else over MPI
+  std::string socket_ifname;  // restrict the coordinator's advertised addresses
 };
 
 // Everything a runtime needs from its transports.

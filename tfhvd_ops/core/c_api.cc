@@ -64,6 +64,8 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   tfhvd::BackendOptions opts;
   if (ranks != nullptr) opts.ranks.assign(ranks, ranks + nranks);
   opts.comm_handle = comm;
+  opts.tcp_control = settings.tcp_control;
+  opts.socket_ifname = settings.socket_ifname;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;
   st = tfhvd::CreateBackend(opts, &backend, &excluded);

@@ -55,6 +55,7 @@ Coordinator::Coordinator(int size, const Settings& settings, ResponseCache* cach
       log_(log),
       joined_(size, false),
       shut_down_(size, false),
+      lost_(size, false),
       last_stall_check_(Clock::now()) {}
 
 bool Coordinator::AllWorkersShutDown() const {
@@ -62,6 +63,12 @@ bool Coordinator::AllWorkersShutDown() const {
     if (!shut_down_[r]) return false;
   }
   return true;
+}
+
+void Coordinator::MarkLost(int rank) {
+  lost_[rank] = !shut_down_[rank];
+  shut_down_[rank] = true;
+  any_shut_down_ = true;
 }
 
 void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_point now) {
@@ -413,8 +420,12 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
     std::vector<int> gone;
+    bool lost = false;
     for (int r = 0; r < size_; ++r) {
-      if (shut_down_[r] && (r == 0 || !p.present[r]) && !joined_[r]) gone.push_back(r);
+      if (shut_down_[r] && (r == 0 || !p.present[r]) && !joined_[r]) {
+        gone.push_back(r);
+        lost |= lost_[r];
+      }
     }
     if (!gone.empty()) {
       int first = 0;
@@ -422,7 +433,7 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
       Response err = ErrorResponse(
           kv.first, "tfhvd: " + std::string(CollectiveName(p.by_rank[first].params.type)) +
                         " of tensor '" + kv.first + "' cannot complete: ranks " + RankList(gone) +
-                        " have shut down");
+                        (lost ? " have exited or lost their connection" : " have shut down"));
       err.error_code = StatusCode::kAborted;
       out->push_back(std::move(err));
       dead.push_back(kv.first);

@@ -65,6 +65,8 @@ class Coordinator {
 
   bool HasPending() const { return !table_.empty(); }
   bool IsShutDown(int rank) const { return shut_down_[rank]; }
+  // The transport lost `rank` (its process exited or was killed).
+  void MarkLost(int rank);
   bool AllWorkersShutDown() const;
 
  private:
@@ -98,6 +100,7 @@ class Coordinator {
   int last_joined_ = -1;
   std::vector<bool> shut_down_;
   bool any_shut_down_ = false;
+  std::vector<bool> lost_;
   Clock::time_point last_stall_check_;
 };
 

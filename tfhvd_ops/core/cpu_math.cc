@@ -1,5 +1,7 @@
 #include "cpu_math.h"
 
+#include "backend.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -145,6 +147,22 @@ void Reduce16(const uint16_t* in, uint16_t* inout, int64_t count, bool bfloat, R
   } else {
     Reduce16Typed<HalfToFloat, FloatToHalf>(in, inout, count, op);
   }
+}
+
+void* HostMemoryOps::FusionBuffer(int64_t bytes) {
+  if (static_cast<int64_t>(fusion_.size()) < bytes) fusion_.resize(bytes);
+  return fusion_.data();
+}
+
+Status HostMemoryOps::ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
+                                 double factor) {
+  ::tfhvd::ScaledCopy(src, dst, count, dtype, factor);
+  return Status::OK();
+}
+
+Status HostMemoryOps::Zero(void* dst, int64_t bytes) {
+  std::memset(dst, 0, bytes);
+  return Status::OK();
 }
 
 }  // namespace tfhvd

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "cpu_math.h"
 
 namespace tfhvd {
 namespace {
@@ -30,11 +29,6 @@ int64_t RowElements(const Shape& s) {
 }
 
 }  // namespace
-
-char* Executor::FusionBuffer(int64_t bytes) {
-  if (static_cast<int64_t>(fusion_.size()) < bytes) fusion_.resize(bytes);
-  return fusion_.data();
-}
 
 void Executor::Execute(const Response& r,
                        std::vector<std::unique_ptr<TensorTableEntry>>& entries) {
@@ -100,25 +94,25 @@ Status Executor::Allreduce(const Response& r,
     const int64_t n = r.sizes[0];
     void* out = e.output->mutable_data();
     if (p.prescale != 1.0) {
-      ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale);
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
       TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, out, n, p.dtype, op));
     } else {
       const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
       TFHVD_RETURN_IF_ERROR(c->Allreduce(in, out, n, p.dtype, op));
     }
-    ScaledCopy(out, out, n, p.dtype, post);
-    return Status::OK();
+    return c->ScaledCopy(out, out, n, p.dtype, post);
   }
   int64_t total = 0;
   for (int64_t n : r.sizes) total += n;
-  char* buf = FusionBuffer(total * esize);
+  char* buf = static_cast<char*>(c->FusionBuffer(total * esize));
   int64_t off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const int64_t bytes = r.sizes[i] * esize;
     if (entries[i]) {
-      ScaledCopy(entries[i]->input->data(), buf + off, r.sizes[i], p.dtype, p.prescale);
+      TFHVD_RETURN_IF_ERROR(
+          c->ScaledCopy(entries[i]->input->data(), buf + off, r.sizes[i], p.dtype, p.prescale));
     } else {
-      std::memset(buf + off, 0, bytes);  // a joined rank contributes zeros
+      TFHVD_RETURN_IF_ERROR(c->Zero(buf + off, bytes));  // a joined rank contributes zeros
     }
     off += bytes;
   }
@@ -126,7 +120,8 @@ Status Executor::Allreduce(const Response& r,
   off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i]) {
-      ScaledCopy(buf + off, entries[i]->output->mutable_data(), r.sizes[i], p.dtype, post);
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf + off, entries[i]->output->mutable_data(),
+                                          r.sizes[i], p.dtype, post));
     }
     off += r.sizes[i] * esize;
   }
@@ -151,7 +146,8 @@ Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* 
 Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c) {
   const int root = r.params.root_rank;
   if (backend_->topology().rank == root && e.output->mutable_data() != e.input->data()) {
-    std::memcpy(e.output->mutable_data(), e.input->data(), e.input->size_bytes());
+    TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), e.output->mutable_data(),
+                                        e.input->size_bytes(), DataType::kUInt8, 1.0));
   }
   return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), root);
 }
@@ -193,15 +189,14 @@ Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectiv
   e.output = out;
   const void* send = e.input->data();
   if (p.prescale != 1.0) {
-    char* buf = FusionBuffer(e.input->size_bytes());
-    ScaledCopy(send, buf, NumElements(p.shape), p.dtype, p.prescale);
+    void* buf = c->FusionBuffer(e.input->size_bytes());
+    TFHVD_RETURN_IF_ERROR(c->ScaledCopy(send, buf, NumElements(p.shape), p.dtype, p.prescale));
     send = buf;
   }
   TFHVD_RETURN_IF_ERROR(
       c->ReduceScatter(send, out->mutable_data(), counts, p.dtype, WireOp(p.reduce_op)));
-  ScaledCopy(out->mutable_data(), out->mutable_data(), counts[rank], p.dtype,
-             PostFactor(p, size));
-  return Status::OK();
+  return c->ScaledCopy(out->mutable_data(), out->mutable_data(), counts[rank], p.dtype,
+                       PostFactor(p, size));
 }
 
 Status Executor::Join(const Response& r, TensorTableEntry& e) {

@@ -3,8 +3,10 @@
 // Every rank runs the same ResponseList in the same order.  For each Response
 // the executor gathers the local entries, moves the bytes with the
 // Collectives of the tensors' memory kind, and completes the entries'
-// callbacks.  Allreduces of several tensors go through one persistent fusion
-// buffer; a single tensor is reduced straight from input to output.
+// callbacks.  Allreduces of several tensors go through the Collectives'
+// persistent fusion buffer; a single tensor is reduced straight from input to
+// output.  Copies and scaling go through the Collectives too, so this file
+// works unchanged for host and device memory.
 #ifndef TFHVD_CORE_OPERATIONS_H_
 #define TFHVD_CORE_OPERATIONS_H_
 
@@ -33,11 +35,9 @@ class Executor {
   Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c);
   Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c);
   Status Join(const Response& r, TensorTableEntry& e);
-  char* FusionBuffer(int64_t bytes);
 
   Backend* backend_;
   Timeline* timeline_;
-  std::vector<char> fusion_;
 };
 
 }  // namespace tfhvd

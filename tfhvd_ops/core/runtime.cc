@@ -11,6 +11,10 @@ using Micros = std::chrono::microseconds;
 // How long an idle runtime sleeps before it looks for control messages (a
 // worker's shutdown notice, a stall to report).  Local work wakes it at once.
 constexpr Micros kIdleWait{100000};
+// With a channel that can block (TCP), a rank with outstanding collectives
+// sleeps until a message or new work arrives; it wakes at least this often
+// for the stall check.
+constexpr Micros kActiveWait{500000};
 
 // While collectives are outstanding the loop polls the transport: it spins
 // (yielding the core) for a short while, then sleeps with doubling waits up
@@ -138,6 +142,17 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
   Status st = ch->PollWorkers(&msgs);
   if (!st.ok()) TFHVD_LOG(log_, kError, st.message());
   for (auto& m : msgs) {
+    if (m.second.empty()) {  // the transport lost this worker
+      if (!coordinator_->IsShutDown(m.first)) {
+        TFHVD_LOG(log_, kError, "rank " << m.first
+                                        << " exited or lost its connection to the coordinator; "
+                                           "collectives that need it will fail");
+        coordinator_->MarkLost(m.first);
+      }
+      announced_[m.first] = true;
+      progress = true;
+      continue;
+    }
     RequestList list;
     if (!Parse(m.second, &list)) {
       TFHVD_LOG(log_, kError, "corrupt negotiation message from rank " << m.first);
@@ -207,6 +222,21 @@ bool Runtime::WorkerStep(bool shutting_down) {
   Status st = ch->PollCoordinator(&msgs);
   if (!st.ok()) TFHVD_LOG(log_, kError, st.message());
   for (const std::string& m : msgs) {
+    if (m.empty()) {  // the transport lost the coordinator
+      if (!coordinator_gone_) {
+        if (!shutting_down) {
+          TFHVD_LOG(log_, kError, "the coordinator (rank 0) exited or lost its connection");
+        }
+        coordinator_gone_ = true;
+        Status st = Status::Aborted(
+            "tfhvd: the coordinator (rank 0) exited or lost its connection; "
+            "no more collectives can run in this job");
+        queue_.Close(st);
+        FailAll(st);
+      }
+      progress = true;
+      continue;
+    }
     ResponseList list;
     if (!Parse(m, &list)) {
       TFHVD_LOG(log_, kError, "corrupt negotiation message from the coordinator");
@@ -229,6 +259,8 @@ bool Runtime::WorkerStep(bool shutting_down) {
 
 void Runtime::Loop() {
   const bool coordinator = topology().rank == 0;
+  ControlChannel* channel = backend_->control();
+  const bool blocking = channel->Wait(queue_.wake_fd(), Micros(0));
   Clock::time_point idle_since = Clock::now();
   Micros wait = kFirstWait;
   while (true) {
@@ -250,16 +282,22 @@ void Runtime::Loop() {
     }
     const bool active = queue_.HasPending() || shutting_down ||
                         (coordinator && coordinator_->HasPending());
-    if (!active) {
-      if (Clock::now() - idle_since < kLinger) {
-        std::this_thread::yield();
-      } else {
-        queue_.Wait(kIdleWait);
-      }
+    // Spin (yielding the core) briefly: peers usually answer within
+    // microseconds and a wake-up from sleep costs tens of them.
+    if (Clock::now() - idle_since < (active ? kSpinFor : kLinger)) {
+      std::this_thread::yield();
       continue;
     }
-    if (Clock::now() - idle_since < kSpinFor) {
-      std::this_thread::yield();
+    if (blocking) {
+      Micros timeout = active ? kActiveWait : kIdleWait;
+      if (coordinator && settings_.cycle_time_ms > 0 && coordinator_->HasPending()) {
+        timeout = std::min(timeout, Micros(static_cast<int64_t>(settings_.cycle_time_ms * 1000)));
+      }
+      channel->Wait(queue_.wake_fd(), timeout);
+      continue;
+    }
+    if (!active) {
+      queue_.Wait(kIdleWait);
       continue;
     }
     queue_.Wait(wait);

@@ -105,7 +105,12 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(
       ParseDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", 0, &s->stall_shutdown_time_s));
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "STALL_CHECK_DISABLE", &s->stall_check_disable));
-  std::string var;
+  std::string var, control;
+  if (Lookup(env, "CONTROL", &control, &var)) {
+    if (control != "tcp" && control != "mpi") return Bad(var, control, "tcp or mpi");
+    s->tcp_control = control == "tcp";
+  }
+  Lookup(env, "SOCKET_IFNAME", &s->socket_ifname, &var);
   Lookup(env, "TIMELINE", &s->timeline_path, &var);
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   return Status::OK();
@@ -121,6 +126,8 @@ std::string Settings::ToString() const {
     << "stall_check_time_s=" << stall_check_time_s << "\n"
     << "stall_shutdown_time_s=" << stall_shutdown_time_s << "\n"
     << "stall_check_disable=" << (stall_check_disable ? 1 : 0) << "\n"
+    << "control=" << (tcp_control ? "tcp" : "mpi") << "\n"
+    << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n";
   return o.str();

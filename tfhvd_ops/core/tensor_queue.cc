@@ -1,15 +1,34 @@
 #include "tensor_queue.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdint>
+
 namespace tfhvd {
+
+TensorQueue::TensorQueue() : efd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+TensorQueue::~TensorQueue() {
+  if (efd_ >= 0) close(efd_);
+}
+
+void TensorQueue::SignalLocked() {
+  if (signalled_) return;
+  signalled_ = true;
+  uint64_t one = 1;
+  ssize_t rc = write(efd_, &one, sizeof(one));
+  (void)rc;
+}
 
 Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return close_reason_;
     for (auto& e : entries) incoming_.push_back(std::move(e));
-    signalled_ = true;
+    SignalLocked();
   }
-  cv_.notify_one();
   return Status::OK();
 }
 
@@ -24,7 +43,12 @@ std::vector<Request> TensorQueue::TakeNew(int32_t rank) {
   {
     std::lock_guard<std::mutex> l(mu_);
     fresh.swap(incoming_);
-    signalled_ = false;
+    if (signalled_) {
+      signalled_ = false;
+      uint64_t n;
+      ssize_t rc = read(efd_, &n, sizeof(n));
+      (void)rc;
+    }
   }
   std::vector<Request> out;
   for (auto& e : fresh) {
@@ -55,7 +79,7 @@ bool TensorQueue::Pop(const std::string& name, TensorTableEntry* out) {
     incoming_.push_front(std::move(h->second.front()));
     h->second.pop_front();
     if (h->second.empty()) held_.erase(h);
-    signalled_ = true;
+    SignalLocked();
   }
   return true;
 }
@@ -75,16 +99,20 @@ std::vector<TensorTableEntry> TensorQueue::TakeAll() {
 }
 
 void TensorQueue::Wait(std::chrono::microseconds timeout) {
-  std::unique_lock<std::mutex> l(mu_);
-  if (!signalled_) cv_.wait_for(l, timeout, [this] { return signalled_; });
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (signalled_) return;
+  }
+  struct pollfd p = {efd_, POLLIN, 0};
+  struct timespec ts;
+  ts.tv_sec = timeout.count() / 1000000;
+  ts.tv_nsec = (timeout.count() % 1000000) * 1000;
+  ppoll(&p, 1, &ts, nullptr);
 }
 
 void TensorQueue::Notify() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    signalled_ = true;
-  }
-  cv_.notify_one();
+  std::lock_guard<std::mutex> l(mu_);
+  SignalLocked();
 }
 
 }  // namespace tfhvd

@@ -2,9 +2,10 @@
 // background thread.
 //
 // Framework threads call Add() (any thread, any time).  Only the background
-// thread calls the other methods.  An idle background thread blocks in
-// Wait() on a condition variable, so an idle runtime uses no CPU; Add() wakes
-// it at once, so latency is not bound to a polling cycle.
+// thread calls the other methods.  Add() signals an eventfd, which the
+// background thread sleeps on (alone, or together with its sockets, see
+// ControlChannel::Wait), so an idle runtime uses no CPU and new work wakes it
+// at once: latency is not bound to a polling cycle.
 //
 // Two submissions under one name may be in flight at once (eager code that
 // calls the same op in a loop from two threads).  The second is held back
@@ -14,7 +15,6 @@
 #define TFHVD_CORE_TENSOR_QUEUE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -28,6 +28,11 @@ namespace tfhvd {
 
 class TensorQueue {
  public:
+  TensorQueue();
+  ~TensorQueue();
+  TensorQueue(const TensorQueue&) = delete;
+  TensorQueue& operator=(const TensorQueue&) = delete;
+
   // Adds a group of entries atomically.  Fails (and calls nobody back) when
   // the queue has been closed.
   Status Add(std::vector<TensorTableEntry> entries);
@@ -46,10 +51,14 @@ class TensorQueue {
   // Blocks until Add() or Notify() is called, or `timeout` passes.
   void Wait(std::chrono::microseconds timeout);
   void Notify();
+  // Readable while new work is waiting.
+  int wake_fd() const { return efd_; }
 
  private:
+  void SignalLocked();  // requires mu_
+
   std::mutex mu_;
-  std::condition_variable cv_;
+  int efd_ = -1;
   bool signalled_ = false;
   bool closed_ = false;
   Status close_reason_;

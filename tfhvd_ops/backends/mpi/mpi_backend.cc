@@ -4,11 +4,13 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdio>
 #include <list>
 #include <string>
 #include <vector>
 
 #include "../../core/cpu_math.h"
+#include "../tcp/tcp_control.h"
 
 namespace tfhvd {
 namespace {
@@ -117,7 +119,7 @@ class MpiControl : public ControlChannel {
   std::list<PendingSend> sends_;
 };
 
-class MpiCollectives : public Collectives {
+class MpiCollectives : public HostMemoryOps {
  public:
   explicit MpiCollectives(MPI_Comm comm) : comm_(comm) {
     MPI_Type_contiguous(2, MPI_BYTE, &half_);
@@ -293,12 +295,41 @@ class MpiBackend : public Backend {
     int provided = 0;
     MPI_Query_thread(&provided);
     threads_ = provided == MPI_THREAD_MULTIPLE;
-    control_ = std::make_unique<MpiControl>(ctrl_);
+    if (opts.tcp_control && topo_.size > 1) {
+      TcpOptions tcp;
+      tcp.ifname = opts.socket_ifname;
+      Status st = CreateTcpControl(topo_.rank, topo_.size, Bootstrap(), tcp, &control_);
+      if (!st.ok() && topo_.rank == 0) {
+        std::fprintf(stderr,
+                     "[tfhvd WARNING rank 0] %s; negotiating over MPI instead (set "
+                     "TFHVD_SOCKET_IFNAME to pick an interface, or TFHVD_CONTROL=mpi)\n",
+                     st.message().c_str());
+      }
+    }
+    if (!control_) control_ = std::make_unique<MpiControl>(ctrl_);
     cpu_ = std::make_unique<MpiCollectives>(data_);
     return Status::OK();
   }
 
   const Topology& topology() const override { return topo_; }
+
+  // Collectives the TCP control channel needs while it connects.
+  TcpBootstrap Bootstrap() {
+    TcpBootstrap b;
+    MPI_Comm comm = ctrl_;
+    b.broadcast = [comm](std::string* v) {
+      int n = static_cast<int>(v->size());
+      MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
+      v->resize(n);
+      if (n > 0) MPI_CHECK(MPI_Bcast(&(*v)[0], n, MPI_CHAR, 0, comm));
+      return Status::OK();
+    };
+    b.all_min = [comm](int value, int* min) {
+      MPI_CHECK(MPI_Allreduce(&value, min, 1, MPI_INT, MPI_MIN, comm));
+      return Status::OK();
+    };
+    return b;
+  }
   ControlChannel* control() override { return control_.get(); }
   Collectives* collectives(int device) override { return device < 0 ? cpu_.get() : nullptr; }
   bool threads_supported() const override { return threads_; }
@@ -327,7 +358,7 @@ class MpiBackend : public Backend {
   MPI_Comm ctrl_ = MPI_COMM_NULL;
   Topology topo_;
   bool threads_ = false;
-  std::unique_ptr<MpiControl> control_;
+  std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<MpiCollectives> cpu_;
 };
 

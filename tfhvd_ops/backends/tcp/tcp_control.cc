@@ -1,0 +1,347 @@
+#include "tcp_control.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <unordered_map>
+
+namespace tfhvd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status Errno(const std::string& what) {
+  return Status::Internal("tfhvd control socket: " + what + ": " + std::strerror(errno));
+}
+
+void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// IPv4 addresses of this host, non-loopback first; `ifname` restricts them.
+std::vector<std::string> LocalAddresses(const std::string& ifname) {
+  std::vector<std::string> out;
+  struct ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return out;
+  for (struct ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP)) continue;
+    if (!ifname.empty() && ifname != i->ifa_name) continue;
+    if (ifname.empty() && (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char buf[INET_ADDRSTRLEN];
+    auto* sin = reinterpret_cast<struct sockaddr_in*>(i->ifa_addr);
+    inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
+    out.push_back(buf);
+  }
+  freeifaddrs(ifs);
+  return out;
+}
+
+// Non-blocking connect with a deadline; returns the connected fd or -1.
+int ConnectTo(const std::string& ip, int port, double timeout_s) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  SetNonBlocking(fd);
+  struct sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return -1;
+  }
+  int rc = connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno != EINPROGRESS) {
+    close(fd);
+    return -1;
+  }
+  if (rc != 0) {
+    struct pollfd p = {fd, POLLOUT, 0};
+    if (poll(&p, 1, static_cast<int>(timeout_s * 1000)) != 1) {
+      close(fd);
+      return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      close(fd);
+      return -1;
+    }
+  }
+  SetNoDelay(fd);
+  return fd;
+}
+
+// Blocking write of all bytes on a non-blocking fd, with a deadline.
+bool WriteAll(int fd, const char* p, size_t n, double timeout_s) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (Clock::now() > deadline) return false;
+    struct pollfd pf = {fd, POLLOUT, 0};
+    poll(&pf, 1, 100);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, char* p, size_t n, double timeout_s) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (n > 0) {
+    ssize_t r = recv(fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return false;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (Clock::now() > deadline) return false;
+    struct pollfd pf = {fd, POLLIN, 0};
+    poll(&pf, 1, 100);
+  }
+  return true;
+}
+
+class TcpControl : public ControlChannel {
+ public:
+  struct Peer {
+    int fd = -1;
+    int rank = -1;
+    bool closed = false;
+    std::string in;
+    std::string out;
+  };
+
+  explicit TcpControl(std::vector<Peer> peers) : peers_(std::move(peers)) {
+    for (size_t i = 0; i < peers_.size(); ++i) by_rank_[peers_[i].rank] = i;
+  }
+  ~TcpControl() override {
+    for (Peer& p : peers_) {
+      if (p.fd >= 0) close(p.fd);
+    }
+  }
+
+  Status SendToCoordinator(std::string bytes) override { return Queue(0, bytes); }
+  Status SendToWorker(int rank, std::string bytes) override { return Queue(rank, bytes); }
+  Status PollWorkers(std::vector<std::pair<int, std::string>>* out) override { return Read(out); }
+  Status PollCoordinator(std::vector<std::string>* out) override {
+    std::vector<std::pair<int, std::string>> msgs;
+    Status st = Read(&msgs);
+    for (auto& m : msgs) out->push_back(std::move(m.second));
+    return st;
+  }
+
+  Status FlushSends() override {
+    for (Peer& p : peers_) {
+      if (!p.closed && !p.out.empty()) {
+        WriteAll(p.fd, p.out.data(), p.out.size(), 10.0);
+        p.out.clear();
+      }
+    }
+    return Status::OK();
+  }
+
+  bool Wait(int wake_fd, std::chrono::microseconds timeout) override {
+    std::vector<struct pollfd> fds;
+    fds.push_back({wake_fd, POLLIN, 0});
+    for (Peer& p : peers_) {
+      if (p.closed) continue;
+      short ev = POLLIN;
+      if (!p.out.empty()) ev |= POLLOUT;
+      fds.push_back({p.fd, ev, 0});
+    }
+    struct timespec ts;
+    ts.tv_sec = timeout.count() / 1000000;
+    ts.tv_nsec = (timeout.count() % 1000000) * 1000;
+    ppoll(fds.data(), fds.size(), &ts, nullptr);
+    for (Peer& p : peers_) Flush(p);
+    return true;
+  }
+
+ private:
+  Status Queue(int rank, const std::string& bytes) {
+    auto it = by_rank_.find(rank);
+    if (it == by_rank_.end()) return Status::Internal("no control connection to rank " + std::to_string(rank));
+    Peer& p = peers_[it->second];
+    if (p.closed) return Status::OK();  // the peer is gone; Read reported it
+    uint32_t n = static_cast<uint32_t>(bytes.size());
+    p.out.append(reinterpret_cast<const char*>(&n), 4);
+    p.out.append(bytes);
+    Flush(p);
+    return Status::OK();
+  }
+
+  void Flush(Peer& p) {
+    while (!p.closed && !p.out.empty()) {
+      ssize_t w = send(p.fd, p.out.data(), p.out.size(), MSG_NOSIGNAL);
+      if (w > 0) {
+        p.out.erase(0, static_cast<size_t>(w));
+      } else {
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        p.closed = true;  // EPIPE etc.: Read reports the loss
+        return;
+      }
+    }
+  }
+
+  Status Read(std::vector<std::pair<int, std::string>>* out) {
+    char buf[65536];
+    for (Peer& p : peers_) {
+      if (p.closed && p.fd < 0) continue;
+      bool eof = p.closed;
+      while (!eof) {
+        ssize_t r = recv(p.fd, buf, sizeof(buf), 0);
+        if (r > 0) {
+          p.in.append(buf, static_cast<size_t>(r));
+        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          eof = true;
+        } else {
+          break;
+        }
+      }
+      size_t off = 0;
+      while (p.in.size() - off >= 4) {
+        uint32_t n;
+        std::memcpy(&n, p.in.data() + off, 4);
+        if (p.in.size() - off - 4 < n) break;
+        out->emplace_back(p.rank, p.in.substr(off + 4, n));
+        off += 4 + n;
+      }
+      p.in.erase(0, off);
+      if (eof) {
+        close(p.fd);
+        p.fd = -1;
+        p.closed = true;
+        out->emplace_back(p.rank, std::string());  // the peer is gone
+      }
+    }
+    return Status::OK();
+  }
+
+  std::vector<Peer> peers_;
+  std::unordered_map<int, size_t> by_rank_;
+};
+
+}  // namespace
+
+Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpOptions& opt,
+                        std::unique_ptr<ControlChannel>* out) {
+  std::vector<TcpControl::Peer> peers;
+  int listen_fd = -1;
+  std::string info;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  if (rank == 0 && size > 1) {
+    listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr;
+    std::memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(addr);
+    if (listen_fd < 0 || bind(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 ||
+        listen(listen_fd, size) != 0 ||
+        getsockname(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), &len) != 0) {
+      info = "";  // tells the workers to give up
+    } else {
+      std::ostringstream o;
+      o << host << "|" << ntohs(addr.sin_port) << "|";
+      for (const auto& ip : LocalAddresses(opt.ifname)) o << ip << ",";
+      info = o.str();
+    }
+  }
+  TFHVD_RETURN_IF_ERROR(boot.broadcast(&info));
+  // Phase 1: workers connect (the kernel queues them on the listening socket).
+  int ok = 1;
+  if (size > 1 && info.empty()) ok = 0;
+  if (rank > 0 && ok) {
+    std::istringstream in(info);
+    std::string chost, port_s, ips_s;
+    std::getline(in, chost, '|');
+    std::getline(in, port_s, '|');
+    std::getline(in, ips_s, '|');
+    std::vector<std::string> candidates;
+    if (chost == host) candidates.push_back("127.0.0.1");
+    std::istringstream ips(ips_s);
+    for (std::string ip; std::getline(ips, ip, ',');) {
+      if (!ip.empty()) candidates.push_back(ip);
+    }
+    int fd = -1;
+    for (const auto& ip : candidates) {
+      fd = ConnectTo(ip, std::stoi(port_s), 2.0);
+      if (fd >= 0) break;
+    }
+    int32_t me = rank;
+    if (fd < 0 || !WriteAll(fd, reinterpret_cast<const char*>(&me), 4, opt.connect_timeout_s)) {
+      if (fd >= 0) close(fd);
+      ok = 0;
+    } else {
+      TcpControl::Peer p;
+      p.fd = fd;
+      p.rank = 0;
+      peers.push_back(std::move(p));
+    }
+  }
+  int all_ok = 0;
+  TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
+  // Phase 2: the coordinator accepts them and learns their ranks.
+  if (rank == 0 && all_ok) {
+    for (int i = 1; i < size && ok; ++i) {
+      struct pollfd pf = {listen_fd, POLLIN, 0};
+      if (poll(&pf, 1, static_cast<int>(opt.connect_timeout_s * 1000)) != 1) {
+        ok = 0;
+        break;
+      }
+      int fd = accept(listen_fd, nullptr, nullptr);
+      int32_t who = -1;
+      if (fd < 0) {
+        ok = 0;
+        break;
+      }
+      SetNonBlocking(fd);
+      SetNoDelay(fd);
+      if (!ReadAll(fd, reinterpret_cast<char*>(&who), 4, opt.connect_timeout_s) || who <= 0 ||
+          who >= size) {
+        close(fd);
+        ok = 0;
+        break;
+      }
+      TcpControl::Peer p;
+      p.fd = fd;
+      p.rank = who;
+      peers.push_back(std::move(p));
+    }
+  }
+  if (listen_fd >= 0) close(listen_fd);
+  if (all_ok) TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
+  if (!all_ok) {
+    for (auto& p : peers) close(p.fd);
+    return Status::Internal(
+        "could not connect every worker to the coordinator over TCP (coordinator advertised '" +
+        info + "')");
+  }
+  *out = std::make_unique<TcpControl>(std::move(peers));
+  return Status::OK();
+}
+
+}  // namespace tfhvd
