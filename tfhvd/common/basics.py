@@ -13,6 +13,9 @@ from tfhvd.common.exceptions import NotInitializedError
 
 _ERR_LEN = 4096
 _atexit_registered = False
+# Mirrors the runtime's state for the collectives' hot path (a ctypes call
+# per op costs more than the check is worth); init() and shutdown() keep it.
+_initialized = False
 
 # StatusCode values of the core (tfhvd_ops/core/common.h).
 _INVALID_ARGUMENT = 1
@@ -47,7 +50,7 @@ def init(
 
     A program started without ``mpirun`` runs as a job of size 1.
     """
-    global _atexit_registered
+    global _atexit_registered, _initialized
     if process_sets not in (None, [], ()):
         raise NotImplementedError(
             "tfhvd supports only the global process set; init(process_sets=...) must be empty"
@@ -74,6 +77,7 @@ def init(
         if rc == _INVALID_ARGUMENT:
             raise ValueError(msg)
         raise RuntimeError(msg)
+    _initialized = True
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
@@ -81,6 +85,8 @@ def init(
 
 def _at_exit() -> None:
     """Shuts the runtime down and finalises MPI if tfhvd initialised it."""
+    global _initialized
+    _initialized = False
     library.capi().tfhvd_finalize()
 
 
@@ -89,6 +95,8 @@ def shutdown() -> None:
 
     Collectives still pending fail with an error.  ``init()`` may be called again.
     """
+    global _initialized
+    _initialized = False
     library.capi().tfhvd_shutdown()
 
 

@@ -14,11 +14,11 @@ from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _grouped
 
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     """Horovod's `average=` argument is the old spelling of `op=`."""
-    if op is not None and average is not None:
+    if average is None:
+        return Average if op is None else op
+    if op is not None:
         raise ValueError("give either op= or the deprecated average=, not both")
-    if average is not None:
-        return Average if average else Sum
-    return Average if op is None else op
+    return Average if average else Sum
 
 
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
@@ -47,10 +47,14 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
     ``tf.IndexedSlices`` (embedding gradients) are gathered rather than
     densified.  Integer averages truncate toward zero, as in Horovod.
     """
-    check_process_set(process_set)
+    if process_set is not global_process_set:
+        check_process_set(process_set)
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name)
+    if compression is Compression.none:
+        return _allreduce(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,

@@ -29,10 +29,15 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
 _REDUCE_DTYPES = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
                   tf.float64)
 _ALL_DTYPES = _REDUCE_DTYPES + (tf.uint16, tf.int16, tf.bool)
+_ENUMS = {dts: frozenset(d.as_datatype_enum for d in dts) for dts in (_REDUCE_DTYPES, _ALL_DTYPES)}
+_OPS_MODULE = None
 
 
 def _ops():
-    return library.load()[0]
+    global _OPS_MODULE
+    if _OPS_MODULE is None:
+        _OPS_MODULE = library.load()[0]
+    return _OPS_MODULE
 
 
 def _executing_eagerly() -> bool:
@@ -47,11 +52,13 @@ def _normalize_name(name: str) -> str:
 def _check_ready(tensors: Sequence[tf.Tensor], allowed: Tuple[tf.DType, ...], what: str,
                  process_set: Optional[ProcessSet] = None) -> None:
     """Raises a clear error before an op is built with bad input."""
-    if not basics.is_initialized():
+    if not basics._initialized:
         raise NotInitializedError()
-    check_process_set(process_set)
+    if process_set is not None and process_set is not global_process_set:
+        check_process_set(process_set)
+    enums = _ENUMS[allowed]
     for t in tensors:
-        if t.dtype not in allowed:
+        if t.dtype.as_datatype_enum not in enums:
             raise TypeError(
                 "tfhvd %s does not support dtype %s (tensor %s); supported dtypes: %s"
                 % (what, t.dtype.name, _tensor_label(t), ", ".join(d.name for d in allowed))
@@ -66,6 +73,8 @@ def _tensor_label(t: tf.Tensor) -> str:
 
 
 def _check_op(op: int) -> None:
+    if op is Sum or op is Average:
+        return
     if op not in _OP_NAMES:
         raise ValueError("unknown reduce op %r; use hvd.Average, Sum, Min, Max or Product" % (op,))
     if op == Adasum:
@@ -88,13 +97,19 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
                ignore_name_scope: bool = False,
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Allreduces one dense tensor with ``op`` (no compression, no averaging tricks)."""
-    tensor = tf.convert_to_tensor(tensor)
-    _check_ready([tensor], _REDUCE_DTYPES, "allreduce", process_set)
+    if not isinstance(tensor, tf.Tensor):
+        tensor = tf.convert_to_tensor(tensor)
+    _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
     _check_op(op)
+    if tf.executing_eagerly():
+        return _ops().horovod_allreduce(
+            tensor, reduce_op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+            tensor_name=name or "")
     return _ops().horovod_allreduce(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         ignore_name_scope=ignore_name_scope,
-        tensor_name=_eager_name(name), name=_graph_name("HorovodAllreduce", name, tensor))
+        name=name or "HorovodAllreduce_%s" % _normalize_name(tensor.name))
 
 
 def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None, op: int = Sum,
