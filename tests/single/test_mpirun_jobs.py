@@ -1,0 +1,110 @@
+"""Whole jobs under mpirun, started from a single pytest process."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import ROOT
+
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
+
+
+def mpirun(np_: int, code: str, env=None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs `code` on `np_` ranks; returns the finished process (output merged)."""
+    cmd = [MPIRUN, "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("OMPI_", "PMIX_", "PMI_", "TFHVD_", "HOROVOD_"))}
+    full_env.update(env or {})
+    for key in (env or {}):
+        cmd += ["-x", key]
+    cmd += ["-np", str(np_), sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_normal_end_is_clean():
+    out = mpirun(2, """
+        import tensorflow as tf, tfhvd.tensorflow as hvd
+        hvd.init()
+        print("sum", hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+    """)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert text.count("sum 2.0") == 2
+    assert "exited improperly" not in text and "did not call" not in text
+
+
+@pytest.mark.parametrize("control", ["mpi", "tcp"])
+def test_control_transports(control):
+    out = mpirun(3, """
+        import tensorflow as tf, tfhvd.tensorflow as hvd
+        hvd.init()
+        r = hvd.rank()
+        vals = [hvd.allreduce(tf.fill([5], float(r + i)), op=hvd.Sum, name="t%d" % i)
+                for i in range(20)]
+        try:
+            hvd.allreduce(tf.ones([r + 1]), name="bad")
+        except tf.errors.InvalidArgumentError as e:
+            print("mismatch reported", "rank 2 sent shape [3]" in e.message)
+        print("ok", [float(v[0]) for v in vals] == [3.0 + 3 * i for i in range(20)])
+    """, env={"TFHVD_CONTROL": control})
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert text.count("ok True") == 3, text
+    assert text.count("mismatch reported True") == 3, text
+    assert "negotiating over MPI instead" not in text
+
+
+def test_mpi4py_alongside_tfhvd():
+    """The program's own mpi4py calls, from another thread, while tfhvd works."""
+    out = mpirun(2, """
+        import threading
+        from mpi4py import MPI
+        import numpy as np, tensorflow as tf, tfhvd.tensorflow as hvd
+        hvd.init(comm=MPI.COMM_WORLD)
+        assert hvd.mpi_threads_supported()
+        comm = MPI.COMM_WORLD.Dup()
+        res = []
+        def user_mpi():
+            buf = np.ones(1000)
+            out = np.empty_like(buf)
+            for _ in range(200):
+                comm.Allreduce(buf, out)
+            res.append(float(out[0]))
+        t = threading.Thread(target=user_mpi)
+        t.start()
+        total = 0.0
+        for i in range(200):
+            total += float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="x"))
+        t.join()
+        print("done", total, res)
+    """)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert text.count("done 400.0 [2.0]") == 2, text
+
+
+def test_init_with_a_subset_of_ranks():
+    out = mpirun(3, """
+        from mpi4py import MPI
+        import tensorflow as tf, tfhvd.tensorflow as hvd
+        world = MPI.COMM_WORLD.Get_rank()
+        try:
+            hvd.init(comm=[0, 2])
+        except ValueError as e:
+            print("excluded", world, "not one of the ranks" in str(e))
+        else:
+            s = hvd.allreduce(tf.constant(float(world)), op=hvd.Sum)
+            print("member", world, hvd.rank(), hvd.size(), float(s))
+    """)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "member 0 0 2 2.0" in text and "member 2 1 2 2.0" in text
+    assert "excluded 1 True" in text
