@@ -24,7 +24,9 @@ def mpirun(np_: int, code: str, env=None, timeout: float = 180) -> subprocess.Co
     full_env.update(env or {})
     for key in (env or {}):
         cmd += ["-x", key]
-    cmd += ["-np", str(np_), sys.executable, "-c", textwrap.dedent(code)]
+    # `say` writes a whole line at once, so lines of different ranks never interleave.
+    prelude = "import os\ndef say(*a):\n    os.write(1, (' '.join(map(str, a)) + '\\n').encode())\n"
+    cmd += ["-np", str(np_), sys.executable, "-c", prelude + textwrap.dedent(code)]
     return subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -33,7 +35,7 @@ def test_normal_end_is_clean():
     out = mpirun(2, """
         import tensorflow as tf, tfhvd.tensorflow as hvd
         hvd.init()
-        print("sum", hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+        say("sum", hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
     """)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
@@ -52,8 +54,8 @@ def test_control_transports(control):
         try:
             hvd.allreduce(tf.ones([r + 1]), name="bad")
         except tf.errors.InvalidArgumentError as e:
-            print("mismatch reported", "rank 2 sent shape [3]" in e.message)
-        print("ok", [float(v[0]) for v in vals] == [3.0 + 3 * i for i in range(20)])
+            say("mismatch reported", "rank 2 sent shape [3]" in e.message)
+        say("ok", [float(v[0]) for v in vals] == [3.0 + 3 * i for i in range(20)])
     """, env={"TFHVD_CONTROL": control})
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
@@ -84,7 +86,7 @@ def test_mpi4py_alongside_tfhvd():
         for i in range(200):
             total += float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="x"))
         t.join()
-        print("done", total, res)
+        say("done", total, res)
     """)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
@@ -99,10 +101,10 @@ def test_init_with_a_subset_of_ranks():
         try:
             hvd.init(comm=[0, 2])
         except ValueError as e:
-            print("excluded", world, "not one of the ranks" in str(e))
+            say("excluded", world, "not one of the ranks" in str(e))
         else:
             s = hvd.allreduce(tf.constant(float(world)), op=hvd.Sum)
-            print("member", world, hvd.rank(), hvd.size(), float(s))
+            say("member", world, hvd.rank(), hvd.size(), float(s))
     """)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
