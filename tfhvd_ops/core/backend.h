@@ -65,6 +65,8 @@ class Collectives {
                                const std::vector<int64_t>& recv_counts, DataType dtype,
                                ReduceOp op) = 0;
   virtual Status Barrier() = 0;
+  // "MPI", "NCCL": names the transport in the timeline.
+  virtual const char* name() const = 0;
 
   // Memory operations in this transport's memory kind, so the executor can
   // fuse and scale without knowing where tensors live.
@@ -74,6 +76,14 @@ class Collectives {
   virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                             double factor) = 0;
   virtual Status Zero(void* dst, int64_t bytes) = 0;
+
+  // Ordering for transports whose work is asynchronous (device streams).
+  // Makes later work wait for `event` (a tensor's Tensor::ready_event).
+  virtual Status WaitFor(const ReadyEvent& event) { return Status::OK(); }
+  // Blocks until everything issued so far has finished, so outputs can be
+  // handed back; transports that finish each call before returning have
+  // nothing to do.
+  virtual Status Synchronize() { return Status::OK(); }
 };
 
 // Host-memory implementation of the memory operations, shared by every
@@ -96,6 +106,7 @@ struct BackendOptions {
   void* comm_handle = nullptr;
   bool tcp_control = false;   // negotiate over TCP sockets, else over MPI
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
+  bool hierarchical_allreduce = false;  // device allreduce: within node, then across
 };
 
 // Everything a runtime needs from its transports.
@@ -109,6 +120,11 @@ class Backend {
   virtual Collectives* collectives(int device) = 0;
   // Whether the transport allows other threads to use it concurrently.
   virtual bool threads_supported() const = 0;
+  // Host collectives over the ranks of this node (in local_rank order), or
+  // over the ranks that share this local_rank (in cross_rank order), for
+  // hierarchical algorithms.  Null when the transport has none.
+  virtual Collectives* local_collectives() { return nullptr; }
+  virtual Collectives* cross_collectives() { return nullptr; }
 };
 
 // Implemented by backends/factory.cc.  `excluded` is set (and OK returned)

@@ -66,6 +66,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.comm_handle = comm;
   opts.tcp_control = settings.tcp_control;
   opts.socket_ifname = settings.socket_ifname;
+  opts.hierarchical_allreduce = settings.hierarchical_allreduce;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;
   st = tfhvd::CreateBackend(opts, &backend, &excluded);
@@ -130,7 +131,9 @@ int tfhvd_parse_settings(char* buf, int len) {
 int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errlen) {
   auto rt = tfhvd::CurrentRuntime();
   if (!rt) return tfhvd::Fail(Status::FailedPrecondition(tfhvd::kNotInitialized), err, errlen);
-  Status st = rt->timeline().Start(path, rt->topology().rank, mark_cycles != 0);
+  const std::string resolved = tfhvd::Timeline::PathForRank(path, rt->topology().rank);
+  if (resolved.empty()) return 0;  // only rank 0 writes a path without {rank}
+  Status st = rt->timeline().Start(resolved, rt->topology().rank, mark_cycles != 0);
   return st.ok() ? 0 : tfhvd::Fail(st, err, errlen);
 }
 

@@ -6,6 +6,7 @@
 #ifndef TFHVD_CORE_COMMON_H_
 #define TFHVD_CORE_COMMON_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -102,6 +103,16 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& s);
 std::string ShapeString(const Shape& s);
 
+// A point on a framework's device stream (a CUDA event) after which a device
+// tensor may be read or written.  Host tensors have none.  Only the device
+// Collectives look inside (Collectives::WaitFor); the core just passes it on.
+class ReadyEvent {
+ public:
+  virtual ~ReadyEvent() = default;
+  virtual int device() const = 0;     // GPU ordinal the event belongs to
+  virtual void* handle() const = 0;   // e.g. a cudaEvent_t
+};
+
 // A framework tensor, seen by the core as bytes plus metadata.
 class Tensor {
  public:
@@ -111,6 +122,9 @@ class Tensor {
   virtual const void* data() const = 0;
   virtual void* mutable_data() = 0;
   virtual int64_t size_bytes() const = 0;
+  // Device tensors: when the framework's stream has produced (inputs) or
+  // allocated (outputs) this tensor.  Null: ready now.
+  virtual std::shared_ptr<ReadyEvent> ready_event() const { return nullptr; }
 };
 
 // The framework side of one op invocation: allocates outputs whose shape is
@@ -146,6 +160,8 @@ struct TensorTableEntry {
   std::shared_ptr<Tensor> output;   // pre-allocated when the shape is known
   std::shared_ptr<OpContext> context;
   StatusCallback callback;
+  // When the framework handed the entry over (for the timeline's QUEUE span).
+  std::chrono::steady_clock::time_point enqueued;
 };
 
 }  // namespace tfhvd

@@ -181,7 +181,9 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
            PerRank(p.by_rank, p.present,
                    [](const Request& q) { return std::string(DataTypeName(q.params.dtype)); });
   }
-  if (differs([](const CollectiveParams& c) { return c.device; })) {
+  // Ranks may use different GPU ordinals (one GPU per process): only the
+  // memory kind must agree.
+  if (differs([](const CollectiveParams& c) { return c.device < 0; })) {
     return prefix + "mixed CPU and GPU tensors: " +
            PerRank(p.by_rank, p.present, [](const Request& q) {
              return q.params.device < 0 ? std::string("a CPU tensor")

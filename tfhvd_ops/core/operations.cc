@@ -16,6 +16,13 @@ double PostFactor(const CollectiveParams& p, int size) {
 
 ReduceOp WireOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
+// Orders the transport's work after the framework produced (or allocated)
+// `t`; a no-op for host tensors.
+Status AwaitTensor(Collectives* c, const Tensor* t) {
+  std::shared_ptr<ReadyEvent> ev = t ? t->ready_event() : nullptr;
+  return ev ? c->WaitFor(*ev) : Status::OK();
+}
+
 Shape WithFirstDim(const Shape& s, int64_t d0) {
   Shape out = s.empty() ? Shape{d0} : s;
   out[0] = d0;
@@ -41,10 +48,18 @@ void Executor::Execute(const Response& r,
     }
   } else {
     const CollectiveParams& p = r.params;
-    Collectives* c = backend_->collectives(p.device);
+    // Ranks agree on the memory kind; the GPU ordinal is each rank's own.
+    int device = p.device;
+    for (const auto& e : entries) {
+      if (e) {
+        device = e->params.device;
+        break;
+      }
+    }
+    Collectives* c = backend_->collectives(device);
     if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
       st = Status::FailedPrecondition(
-          "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(p.device) +
+          "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
           " but this build has no GPU collectives; rebuild with TFHVD_GPU_OPERATIONS=NCCL "
           "or place the tensor on the CPU");
     } else if (p.reduce_op == ReduceOp::kAdasum &&
@@ -54,16 +69,31 @@ void Executor::Execute(const Response& r,
                                    "': the Adasum reduce op is not supported; use Average or Sum");
     } else {
       for (size_t i = 0; i < entries.size(); ++i) {
-        if (entries[i]) timeline_->Start(r.names[i], CollectiveName(p.type));
+        if (entries[i]) {
+          timeline_->Start(r.names[i], CollectiveName(p.type),
+                           entries[i]->input ? entries[i]->input->size_bytes() : 0);
+        }
       }
-      switch (p.type) {
-        case CollectiveType::kAllreduce: st = Allreduce(r, entries, c); break;
-        case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
-        case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c); break;
-        case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c); break;
-        case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c); break;
-        case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
-        case CollectiveType::kBarrier: break;  // negotiation already synchronised
+      for (const auto& e : entries) {
+        if (!e || c == nullptr || !st.ok()) continue;
+        st = AwaitTensor(c, e->input.get());
+        if (st.ok()) st = AwaitTensor(c, e->output.get());
+      }
+      if (st.ok()) {
+        switch (p.type) {
+          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c); break;
+          case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
+          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c); break;
+          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c); break;
+          case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c); break;
+          case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
+          case CollectiveType::kBarrier: break;  // negotiation already synchronised
+        }
+      }
+      // Outputs must be complete before the callbacks hand them back.
+      if (c != nullptr) {
+        Status sync = c->Synchronize();
+        if (st.ok()) st = sync;
       }
       for (size_t i = 0; i < entries.size(); ++i) {
         if (entries[i]) timeline_->End(r.names[i]);
@@ -105,6 +135,8 @@ Status Executor::Allreduce(const Response& r,
   int64_t total = 0;
   for (int64_t n : r.sizes) total += n;
   char* buf = static_cast<char*>(c->FusionBuffer(total * esize));
+  in_phase_ = false;
+  Phase(r, entries, "MEMCPY_IN_FUSION_BUFFER");
   int64_t off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const int64_t bytes = r.sizes[i] * esize;
@@ -116,7 +148,9 @@ Status Executor::Allreduce(const Response& r,
     }
     off += bytes;
   }
+  Phase(r, entries, std::string(c->name()) + "_ALLREDUCE");
   TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, total, p.dtype, op));
+  Phase(r, entries, "MEMCPY_OUT_FUSION_BUFFER");
   off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i]) {
@@ -125,7 +159,19 @@ Status Executor::Allreduce(const Response& r,
     }
     off += r.sizes[i] * esize;
   }
+  Phase(r, entries, "");
   return Status::OK();
+}
+
+void Executor::Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+                     const std::string& next) {
+  if (!timeline_->enabled()) return;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i]) continue;
+    if (in_phase_) timeline_->End(r.names[i]);
+    if (!next.empty()) timeline_->Start(r.names[i], next);
+  }
+  in_phase_ = !next.empty();
 }
 
 Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* c) {
@@ -140,6 +186,7 @@ Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* 
   std::shared_ptr<Tensor> out;
   TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(0, WithFirstDim(in, rows), &out));
   e.output = out;
+  TFHVD_RETURN_IF_ERROR(AwaitTensor(c, out.get()));
   return c->Allgatherv(e.input->data(), e.input->size_bytes(), out->mutable_data(), recv_bytes);
 }
 
@@ -172,6 +219,7 @@ Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c
   std::shared_ptr<Tensor> out;
   TFHVD_RETURN_IF_ERROR(e.context->AllocateOutput(0, WithFirstDim(in, recv_rows), &out));
   e.output = out;
+  TFHVD_RETURN_IF_ERROR(AwaitTensor(c, out.get()));
   return c->Alltoallv(e.input->data(), send_bytes, out->mutable_data(), recv_bytes);
 }
 
@@ -187,6 +235,7 @@ Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectiv
   TFHVD_RETURN_IF_ERROR(
       e.context->AllocateOutput(0, WithFirstDim(p.shape, counts[rank] / (row ? row : 1)), &out));
   e.output = out;
+  TFHVD_RETURN_IF_ERROR(AwaitTensor(c, out.get()));
   const void* send = e.input->data();
   if (p.prescale != 1.0) {
     void* buf = c->FusionBuffer(e.input->size_bytes());

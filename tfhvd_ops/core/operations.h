@@ -6,7 +6,10 @@
 // callbacks.  Allreduces of several tensors go through the Collectives'
 // persistent fusion buffer; a single tensor is reduced straight from input to
 // output.  Copies and scaling go through the Collectives too, so this file
-// works unchanged for host and device memory.
+// works unchanged for host and device memory.  Device transports work
+// asynchronously: the executor hands them each tensor's ready event before
+// they touch it (Collectives::WaitFor) and calls Collectives::Synchronize
+// before any callback, so a completed op's outputs are complete.
 #ifndef TFHVD_CORE_OPERATIONS_H_
 #define TFHVD_CORE_OPERATIONS_H_
 
@@ -35,9 +38,14 @@ class Executor {
   Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c);
   Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c);
   Status Join(const Response& r, TensorTableEntry& e);
+  // Timeline: ends the current fusion phase on every row and starts `next`
+  // ("" ends only).
+  void Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+             const std::string& next);
 
   Backend* backend_;
   Timeline* timeline_;
+  bool in_phase_ = false;
 };
 
 }  // namespace tfhvd

@@ -46,9 +46,9 @@ Runtime::Runtime(const Settings& settings, std::unique_ptr<Backend> backend)
 Runtime::~Runtime() { Shutdown(); }
 
 Status Runtime::Start() {
-  if (!settings_.timeline_path.empty()) {
-    TFHVD_RETURN_IF_ERROR(
-        timeline_.Start(settings_.timeline_path, topology().rank, settings_.timeline_mark_cycles));
+  const std::string path = Timeline::PathForRank(settings_.timeline_path, topology().rank);
+  if (!path.empty()) {
+    TFHVD_RETURN_IF_ERROR(timeline_.Start(path, topology().rank, settings_.timeline_mark_cycles));
   }
   last_round_ = Clock::now();
   thread_ = std::thread([this] { Loop(); });
@@ -119,6 +119,15 @@ void Runtime::ExecuteList(const ResponseList& list) {
   }
 }
 
+void Runtime::TimelineNegotiateStart(const std::vector<Request>& fresh) {
+  if (!timeline_.enabled()) return;
+  for (const Request& r : fresh) {
+    const TensorTableEntry* e = queue_.Peek(r.name);
+    if (e != nullptr) timeline_.Queued(r.name, e->enqueued);
+    timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+  }
+}
+
 void Runtime::FailAll(const Status& st) {
   for (TensorTableEntry& e : queue_.TakeAll()) {
     if (e.callback) e.callback(st);
@@ -130,7 +139,7 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
   Clock::time_point now = Clock::now();
   bool progress = false;
   std::vector<Request> fresh = queue_.TakeNew(0);
-  for (const Request& r : fresh) timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+  TimelineNegotiateStart(fresh);
   if (!fresh.empty() || (shutting_down && !coordinator_->IsShutDown(0))) {
     RequestList own;
     own.requests = std::move(fresh);
@@ -210,7 +219,7 @@ bool Runtime::WorkerStep(bool shutting_down) {
     fresh.clear();
     progress = true;
   }
-  for (const Request& r : fresh) timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+  TimelineNegotiateStart(fresh);
   bool send_shutdown = shutting_down && !shutdown_sent_;
   if (!fresh.empty() || send_shutdown) {
     Status st = ch->SendToCoordinator(Serialize(MakeRequestList(std::move(fresh), send_shutdown)));

@@ -50,6 +50,7 @@ class Runtime {
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
   void FailAll(const Status& st);
+  void TimelineNegotiateStart(const std::vector<Request>& fresh);
   RequestList MakeRequestList(std::vector<Request> fresh, bool shutdown);
 
   Settings settings_;

@@ -113,6 +113,8 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   Lookup(env, "SOCKET_IFNAME", &s->socket_ifname, &var);
   Lookup(env, "TIMELINE", &s->timeline_path, &var);
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
+  TFHVD_RETURN_IF_ERROR(
+      ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));
   return Status::OK();
 }
 
@@ -129,7 +131,8 @@ std::string Settings::ToString() const {
     << "control=" << (tcp_control ? "tcp" : "mpi") << "\n"
     << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
-    << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n";
+    << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"
+    << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n";
   return o.str();
 }
 

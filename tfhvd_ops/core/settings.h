@@ -28,6 +28,8 @@ struct Settings {
   std::string socket_ifname;           // SOCKET_IFNAME: interface for control sockets
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
+  bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce
+                                       // within nodes (NCCL), across them (MPI)
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;

@@ -26,7 +26,11 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return close_reason_;
-    for (auto& e : entries) incoming_.push_back(std::move(e));
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& e : entries) {
+      e.enqueued = now;
+      incoming_.push_back(std::move(e));
+    }
     SignalLocked();
   }
   return Status::OK();

@@ -45,6 +45,11 @@ class TensorQueue {
   // Removes the pending entry for `name`.  Returns false if none.
   bool Pop(const std::string& name, TensorTableEntry* out);
   bool HasPending() const { return !pending_.empty(); }
+  // The pending entry for `name`, or null.
+  const TensorTableEntry* Peek(const std::string& name) const {
+    auto it = pending_.find(name);
+    return it == pending_.end() ? nullptr : &it->second;
+  }
   // Removes every pending and held entry (for failing them at shutdown).
   std::vector<TensorTableEntry> TakeAll();
 

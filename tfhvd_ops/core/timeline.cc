@@ -1,5 +1,6 @@
 #include "timeline.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace tfhvd {
@@ -21,6 +22,16 @@ std::string JsonEscape(const std::string& s) {
 }
 
 }  // namespace
+
+std::string Timeline::PathForRank(const std::string& path, int rank) {
+  auto pos = path.find("{rank}");
+  if (pos != std::string::npos) {
+    std::string out = path;
+    out.replace(pos, 6, std::to_string(rank));
+    return out;
+  }
+  return rank == 0 ? path : std::string();
+}
 
 Status Timeline::Start(const std::string& path, int rank, bool mark_cycles) {
   std::lock_guard<std::mutex> l(mu_);
@@ -57,10 +68,21 @@ void Timeline::Stop() {
   }
 }
 
-int64_t Timeline::NowMicros() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::steady_clock::now() - start_)
-      .count();
+int64_t Timeline::NowMicros() const { return Micros(std::chrono::steady_clock::now()); }
+
+int64_t Timeline::Micros(std::chrono::steady_clock::time_point t) const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t - start_).count();
+}
+
+void Timeline::Queued(const std::string& name, std::chrono::steady_clock::time_point enqueued) {
+  if (!on_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (file_ == nullptr) return;
+  int64_t ts = std::max<int64_t>(Micros(enqueued), 0);
+  std::ostringstream o;
+  o << "{\"name\": \"QUEUE\", \"ph\": \"X\", \"ts\": " << ts << ", \"dur\": " << NowMicros() - ts
+    << ", \"pid\": " << rank_ << ", \"tid\": " << Row(name) << "}";
+  Write(o.str());
 }
 
 void Timeline::Write(const std::string& event) {
@@ -95,13 +117,15 @@ void Timeline::NegotiateStart(const std::string& name, const char* op) {
   Write(o.str());
 }
 
-void Timeline::Start(const std::string& name, const char* activity) {
+void Timeline::Start(const std::string& name, const std::string& activity, int64_t bytes) {
   if (!on_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> l(mu_);
   if (file_ == nullptr) return;
   std::ostringstream o;
   o << "{\"name\": \"" << activity << "\", \"ph\": \"B\", \"ts\": " << NowMicros()
-    << ", \"pid\": " << rank_ << ", \"tid\": " << Row(name) << "}";
+    << ", \"pid\": " << rank_ << ", \"tid\": " << Row(name);
+  if (bytes >= 0) o << ", \"args\": {\"bytes\": " << bytes << "}";
+  o << "}";
   Write(o.str());
 }
 

@@ -27,15 +27,21 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
+  // Where rank `rank` writes for a user-given path: "{rank}" in the path is
+  // replaced by the rank; without it only rank 0 writes (Horovod's habit)
+  // and other ranks get "".
+  static std::string PathForRank(const std::string& path, int rank);
   // Opens (truncates) `path` and starts recording for process `rank`.
   Status Start(const std::string& path, int rank, bool mark_cycles);
   void Stop();
   bool enabled() const { return on_.load(std::memory_order_relaxed); }
 
+  // A QUEUE span from `enqueued` until now (time spent in the tensor queue).
+  void Queued(const std::string& name, std::chrono::steady_clock::time_point enqueued);
   void NegotiateStart(const std::string& name, const char* op);
   void NegotiateEnd(const std::string& name);
-  // A collective span; `detail` names the phase (e.g. "MPI_ALLREDUCE").
-  void Start(const std::string& name, const char* activity);
+  // A span on the tensor's row; `bytes` >= 0 is recorded as an argument.
+  void Start(const std::string& name, const std::string& activity, int64_t bytes = -1);
   void End(const std::string& name);
   void MarkCycle();
 
@@ -43,6 +49,7 @@ class Timeline {
   int Row(const std::string& name);  // requires mu_
   void Write(const std::string& event);  // requires mu_
   int64_t NowMicros() const;
+  int64_t Micros(std::chrono::steady_clock::time_point t) const;
 
   std::mutex mu_;
   std::FILE* file_ = nullptr;

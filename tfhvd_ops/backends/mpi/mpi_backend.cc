@@ -199,6 +199,8 @@ class MpiCollectives : public HostMemoryOps {
     return Status::OK();
   }
 
+  const char* name() const override { return "MPI"; }
+
  private:
   Status Layout(const std::vector<int64_t>& sizes, std::vector<int>* counts,
                 std::vector<int>* displs) {
@@ -249,11 +251,13 @@ class MpiBackend : public Backend {
  public:
   ~MpiBackend() override {
     cpu_.reset();
+    local_cpu_.reset();
+    cross_cpu_.reset();
     control_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    for (MPI_Comm* c : {&data_, &ctrl_}) {
+    for (MPI_Comm* c : {&data_, &ctrl_, &local_, &cross_}) {
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     }
   }
@@ -333,12 +337,22 @@ class MpiBackend : public Backend {
   ControlChannel* control() override { return control_.get(); }
   Collectives* collectives(int device) override { return device < 0 ? cpu_.get() : nullptr; }
   bool threads_supported() const override { return threads_; }
+  Collectives* local_collectives() override {
+    if (!local_cpu_) local_cpu_ = std::make_unique<MpiCollectives>(local_);
+    return local_cpu_.get();
+  }
+  Collectives* cross_collectives() override {
+    if (!cross_cpu_) cross_cpu_ = std::make_unique<MpiCollectives>(cross_);
+    return cross_cpu_.get();
+  }
 
  private:
   Status ReadTopology() {
     MPI_Comm_rank(data_, &topo_.rank);
     MPI_Comm_size(data_, &topo_.size);
-    MPI_Comm local, cross;
+    // Kept (not freed) for local_collectives() and cross_collectives().
+    MPI_Comm& local = local_;
+    MPI_Comm& cross = cross_;
     MPI_CHECK(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, topo_.rank, MPI_INFO_NULL, &local));
     MPI_Comm_rank(local, &topo_.local_rank);
     MPI_Comm_size(local, &topo_.local_size);
@@ -349,17 +363,21 @@ class MpiBackend : public Backend {
     MPI_CHECK(MPI_Allgather(&topo_.local_size, 1, MPI_INT, local_sizes.data(), 1, MPI_INT, data_));
     topo_.homogeneous = true;
     for (int s : local_sizes) topo_.homogeneous &= s == local_sizes[0];
-    MPI_Comm_free(&local);
-    MPI_Comm_free(&cross);
+    MPI_Comm_set_errhandler(local_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
     return Status::OK();
   }
 
   MPI_Comm data_ = MPI_COMM_NULL;
   MPI_Comm ctrl_ = MPI_COMM_NULL;
+  MPI_Comm local_ = MPI_COMM_NULL;  // this node's ranks
+  MPI_Comm cross_ = MPI_COMM_NULL;  // the ranks with this local_rank
   Topology topo_;
   bool threads_ = false;
   std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<MpiCollectives> cpu_;
+  std::unique_ptr<MpiCollectives> local_cpu_;
+  std::unique_ptr<MpiCollectives> cross_cpu_;
 };
 
 }  // namespace

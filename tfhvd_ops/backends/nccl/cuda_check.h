@@ -1,0 +1,45 @@
+// Error values from CUDA and NCCL results (DESIGN rule 7: errors are
+// values).  Messages carry the library's own error string, the rank and the
+// GPU, so that a user sees which process failed and why.
+#ifndef TFHVD_BACKENDS_NCCL_CUDA_CHECK_H_
+#define TFHVD_BACKENDS_NCCL_CUDA_CHECK_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+
+#include "../../core/common.h"
+
+namespace tfhvd {
+
+// rank < 0: not known where the call happens (a framework thread).
+inline std::string WhereString(int rank, int device) {
+  std::string gpu = "GPU " + std::to_string(device);
+  return rank < 0 ? gpu : "rank " + std::to_string(rank) + " (" + gpu + ")";
+}
+
+inline Status CudaStatus(cudaError_t e, const std::string& what, int rank, int device) {
+  if (e == cudaSuccess) return Status::OK();
+  return Status::Internal("tfhvd: CUDA error on " + WhereString(rank, device) + " in " + what +
+                          ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// `comm` may be null (init failures); NCCL's last error adds the detail its
+// result code lacks ("peer 3 closed the connection", ...).
+inline Status NcclStatus(ncclResult_t r, const std::string& what, int rank, int device,
+                         ncclComm_t comm) {
+  if (r == ncclSuccess) return Status::OK();
+  std::string msg = "tfhvd: NCCL error on " + WhereString(rank, device) + " in " + what + ": " +
+                    ncclGetErrorString(r);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') msg += " (" + std::string(last) + ")";
+#endif
+  return r == ncclInvalidArgument || r == ncclInvalidUsage ? Status::InvalidArgument(msg)
+                                                           : Status::Internal(msg);
+}
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_BACKENDS_NCCL_CUDA_CHECK_H_

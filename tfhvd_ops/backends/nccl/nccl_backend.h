@@ -1,0 +1,32 @@
+// The NCCL backend: device-memory collectives over NCCL, on top of a host
+// backend (MPI) that keeps negotiating and moving host tensors.
+//
+// What it adds to the host backend (see nccl_collectives.h for the details):
+//  - one NCCL communicator for the process set (tfhvd has only the global
+//    one), created on the first GPU collective, i.e. after negotiation, when
+//    every rank executes the same response; rank 0's ncclUniqueId travels
+//    over the host backend's Broadcast;
+//  - a dedicated CUDA stream per process that waits on the framework's ready
+//    events before touching a tensor;
+//  - a device fusion buffer and batched copy/scale kernels (cuda/);
+//  - hierarchical allreduce when BackendOptions::hierarchical_allreduce.
+//
+// Built only when CMake is asked for GPU operations; only backends/factory.cc
+// includes this header.
+#ifndef TFHVD_BACKENDS_NCCL_NCCL_BACKEND_H_
+#define TFHVD_BACKENDS_NCCL_NCCL_BACKEND_H_
+
+#include <memory>
+
+#include "../../core/backend.h"
+
+namespace tfhvd {
+
+// Wraps `host` (which keeps its control channel and host collectives) with
+// NCCL collectives for device >= 0.
+Status CreateNcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> host,
+                         std::unique_ptr<Backend>* out);
+
+}  // namespace tfhvd
+
+#endif  // TFHVD_BACKENDS_NCCL_NCCL_BACKEND_H_

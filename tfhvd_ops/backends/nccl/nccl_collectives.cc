@@ -1,0 +1,432 @@
+#include "nccl_collectives.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cuda_check.h"
+
+namespace tfhvd {
+namespace {
+
+constexpr int kInitMessageBytes = 512;
+
+// NCCL's element type for a reduction; null when NCCL cannot reduce it.
+bool NcclType(DataType dt, ncclDataType_t* t) {
+  switch (dt) {
+    case DataType::kUInt8: *t = ncclUint8; return true;
+    case DataType::kInt8: *t = ncclInt8; return true;
+    case DataType::kInt32: *t = ncclInt32; return true;
+    case DataType::kInt64: *t = ncclInt64; return true;
+    case DataType::kFloat16: *t = ncclFloat16; return true;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case DataType::kBFloat16: *t = ncclBfloat16; return true;
+#endif
+    case DataType::kFloat32: *t = ncclFloat32; return true;
+    case DataType::kFloat64: *t = ncclFloat64; return true;
+    default: return false;
+  }
+}
+
+Status ReduceArgs(DataType dt, ReduceOp op, ncclDataType_t* t, ncclRedOp_t* o) {
+  if (dt == DataType::kBool) {
+    return Status::InvalidArgument("tfhvd: bool tensors cannot be reduced; cast them first");
+  }
+  if (!NcclType(dt, t)) {
+    return Status::InvalidArgument(std::string("tfhvd: NCCL cannot reduce ") + DataTypeName(dt) +
+                                   " tensors on the GPU; cast to int32 or float32 first, or "
+                                   "place the tensor on the CPU");
+  }
+  switch (op) {
+    case ReduceOp::kSum: *o = ncclSum; return Status::OK();
+    case ReduceOp::kMin: *o = ncclMin; return Status::OK();
+    case ReduceOp::kMax: *o = ncclMax; return Status::OK();
+    case ReduceOp::kProduct: *o = ncclProd; return Status::OK();
+    default:
+      return Status::InvalidArgument(std::string("tfhvd: reduce op ") + ReduceOpName(op) +
+                                     " is not supported by the NCCL backend");
+  }
+}
+
+bool AllEqual(const std::vector<int64_t>& v) {
+  for (int64_t x : v) {
+    if (x != v[0]) return false;
+  }
+  return true;
+}
+
+const char* At(const void* p, int64_t off) { return static_cast<const char*>(p) + off; }
+char* At(void* p, int64_t off) { return static_cast<char*>(p) + off; }
+
+}  // namespace
+
+NcclCollectives::NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical)
+    : topo_(topo), peers_(peers), hierarchical_(hierarchical) {}
+
+NcclCollectives::~NcclCollectives() {
+  if (device_ < 0) return;
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (ncclComm_t* c : {&comm_, &local_comm_}) {
+    if (*c != nullptr) ncclCommDestroy(*c);
+  }
+  if (fusion_ != nullptr) cudaFree(fusion_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (host_buf_ != nullptr) cudaFreeHost(host_buf_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+Status NcclCollectives::Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::OK();
+  return Broken(CudaStatus(e, what, topo_.rank, device_ >= 0 ? device_ : requested_));
+}
+
+Status NcclCollectives::Nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
+  if (r == ncclSuccess) return Status::OK();
+  return Broken(NcclStatus(r, what, topo_.rank, device_, comm));
+}
+
+Status NcclCollectives::Broken(const Status& st) {
+  if (!broken_.ok()) return broken_;
+  for (ncclComm_t* c : {&comm_, &local_comm_}) {
+    if (*c != nullptr) {
+      ncclCommAbort(*c);
+      *c = nullptr;
+    }
+  }
+  // The other ranks may already wait inside a collective this rank will not
+  // join: aborting the communicator makes theirs fail too (NCCL reports the
+  // lost peer) instead of hanging.
+  const std::string msg = st.message() +
+                          "; the NCCL communicator was aborted, so GPU collectives cannot run "
+                          "again in this job";
+  broken_ = st.code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
+                                                      : Status::Aborted(msg);
+  return broken_;
+}
+
+Status NcclCollectives::EnsureDevice() {
+  if (!broken_.ok()) return broken_;
+  if (device_ >= 0) return Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (requested_ < 0) {
+    return Status::Internal("tfhvd: internal error: a GPU collective without a GPU");
+  }
+  TFHVD_RETURN_IF_ERROR(Cuda(cudaSetDevice(requested_), "cudaSetDevice"));
+  TFHVD_RETURN_IF_ERROR(
+      Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  device_ = requested_;
+  return Status::OK();
+}
+
+Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclComm_t* comm,
+                                 const char* what) {
+  // Step 1: every rank's local readiness, rank 0's unique id.
+  std::string mine;
+  Status st = EnsureDevice();
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (st.ok() && rank == 0) {
+    st = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", topo_.rank, device_, nullptr);
+  }
+  if (!st.ok()) mine = st.message();
+  auto agree = [&](const std::string& msg) -> Status {
+    std::vector<char> all(static_cast<size_t>(nranks) * kInitMessageBytes, 0);
+    char buf[kInitMessageBytes] = {0};
+    std::strncpy(buf, msg.c_str(), kInitMessageBytes - 1);
+    TFHVD_RETURN_IF_ERROR(over->Allgatherv(
+        buf, kInitMessageBytes, all.data(), std::vector<int64_t>(nranks, kInitMessageBytes)));
+    std::string failed;
+    for (int r = 0; r < nranks; ++r) {
+      const char* m = &all[static_cast<size_t>(r) * kInitMessageBytes];
+      if (m[0] != '\0') failed += (failed.empty() ? "" : "; ") + std::string(m, strnlen(m, kInitMessageBytes));
+    }
+    if (failed.empty()) return Status::OK();
+    return Status::Internal(std::string("tfhvd: creating the NCCL communicator (") + what +
+                            ") failed: " + failed);
+  };
+  TFHVD_RETURN_IF_ERROR(agree(mine));
+  // Step 2: rank 0's id to everyone.
+  TFHVD_RETURN_IF_ERROR(over->Broadcast(&id, sizeof(id), 0));
+  // Step 3: the communicator itself.
+  st = NcclStatus(ncclCommInitRank(comm, nranks, id, rank), "ncclCommInitRank", topo_.rank,
+                  device_, nullptr);
+  Status all = agree(st.ok() ? std::string() : st.message());
+  if (!all.ok() && *comm != nullptr) {
+    ncclCommDestroy(*comm);
+    *comm = nullptr;
+  }
+  return all;
+}
+
+Status NcclCollectives::BeginCollective() {
+  TFHVD_RETURN_IF_ERROR(EnsureDevice());
+  if (comm_ == nullptr) {
+    TFHVD_RETURN_IF_ERROR(InitComm(peers_.host, topo_.size, topo_.rank, &comm_, "all ranks"));
+  }
+  return Flush();
+}
+
+Status NcclCollectives::Flush() {
+  if (batch_.n == 0) return Status::OK();
+  int rc = cuda::LaunchBatchedScaledCopy(batch_, stream_);
+  batch_.n = 0;
+  return Cuda(static_cast<cudaError_t>(rc), "the batched copy kernel");
+}
+
+Status NcclCollectives::WaitStream(const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  while (true) {
+    cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return Status::OK();
+    if (q != cudaErrorNotReady) return Broken(Cuda(q, what));
+    for (ncclComm_t c : {comm_, local_comm_}) {
+      if (c == nullptr) continue;
+      ncclResult_t async = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(c, &async);
+      if (r == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        return Broken(NcclStatus(async, what, topo_.rank, device_, c));
+      }
+    }
+    // Small collectives finish within microseconds: spin (yielding) first,
+    // then sleep briefly so a long wait does not steal a core.
+    if (Clock::now() - start < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+Status NcclCollectives::Synchronize() {
+  if (!broken_.ok()) return broken_;
+  if (device_ < 0) return Status::OK();
+  TFHVD_RETURN_IF_ERROR(EnsureDevice());
+  TFHVD_RETURN_IF_ERROR(Flush());
+  return WaitStream("a GPU collective");
+}
+
+Status NcclCollectives::WaitFor(const ReadyEvent& event) {
+  TFHVD_RETURN_IF_ERROR(EnsureDevice());
+  if (event.device() != device_) {
+    return Broken(Status::InvalidArgument(
+        "tfhvd: this process already runs its GPU collectives on GPU " + std::to_string(device_) +
+        " but got a tensor on GPU " + std::to_string(event.device()) +
+        "; tfhvd uses one GPU per process: make one GPU visible to each process "
+        "(tf.config.set_visible_devices(gpus[hvd.local_rank()], 'GPU'))"));
+  }
+  TFHVD_RETURN_IF_ERROR(Flush());
+  return Cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.handle()), 0),
+              "cudaStreamWaitEvent");
+}
+
+void* NcclCollectives::FusionBuffer(int64_t bytes) {
+  Status st = EnsureDevice();
+  if (st.ok() && bytes > fusion_bytes_) {
+    // The old buffer may still be in use by queued work.
+    st = Flush();
+    if (st.ok()) st = WaitStream("growing the fusion buffer");
+    if (st.ok() && fusion_ != nullptr) {
+      cudaFree(fusion_);
+      fusion_ = nullptr;
+      fusion_bytes_ = 0;
+    }
+    const int64_t mib = 1 << 20;
+    const int64_t want = (bytes + mib - 1) / mib * mib;
+    if (st.ok()) st = Cuda(cudaMalloc(&fusion_, want), "allocating the GPU fusion buffer");
+    if (st.ok()) fusion_bytes_ = want;
+  }
+  return st.ok() ? fusion_ : nullptr;  // the error is sticky (Broken)
+}
+
+Status NcclCollectives::ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
+                                   double factor) {
+  TFHVD_RETURN_IF_ERROR(EnsureDevice());
+  if (count == 0 || (factor == 1.0 && src == dst)) return Status::OK();
+  if (src == nullptr || dst == nullptr) {
+    return Broken(Status::Internal("tfhvd: internal error: a GPU copy with a null pointer"));
+  }
+  if (batch_.n == cuda::kMaxBatch) TFHVD_RETURN_IF_ERROR(Flush());
+  batch_.tasks[batch_.n++] =
+      cuda::CopyTask{src, dst, count, factor, static_cast<int32_t>(dtype)};
+  return Status::OK();
+}
+
+Status NcclCollectives::Zero(void* dst, int64_t bytes) {
+  TFHVD_RETURN_IF_ERROR(EnsureDevice());
+  TFHVD_RETURN_IF_ERROR(Flush());
+  if (bytes == 0) return Status::OK();
+  return Cuda(cudaMemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync");
+}
+
+Status NcclCollectives::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                                  ReduceOp op) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  if (count == 0) return Status::OK();
+  if (hierarchical_ && topo_.homogeneous && peers_.local != nullptr && peers_.cross != nullptr) {
+    return HierarchicalAllreduce(send, recv, count, dtype, t, o);
+  }
+  return Nccl(ncclAllReduce(send ? send : recv, recv, count, t, o, comm_, stream_),
+              "ncclAllReduce", comm_);
+}
+
+Status NcclCollectives::HierarchicalAllreduce(const void* send, void* recv, int64_t count,
+                                              DataType dtype, ncclDataType_t t, ncclRedOp_t o) {
+  if (local_comm_ == nullptr) {
+    TFHVD_RETURN_IF_ERROR(InitComm(peers_.local, topo_.local_size, topo_.local_rank,
+                                   &local_comm_, "this node's ranks"));
+  }
+  const int64_t esize = DataTypeSize(dtype);
+  const int64_t chunk = count / topo_.local_size;
+  const int64_t main = chunk * topo_.local_size;
+  const void* in = send ? send : recv;
+  if (chunk > 0) {
+    void* mine = At(recv, topo_.local_rank * chunk * esize);
+    TFHVD_RETURN_IF_ERROR(Nccl(ncclReduceScatter(in, mine, chunk, t, o, local_comm_, stream_),
+                               "ncclReduceScatter (within the node)", local_comm_));
+    if (topo_.cross_size > 1) {
+      const int64_t bytes = chunk * esize;
+      if (host_buf_bytes_ < bytes) {
+        if (host_buf_ != nullptr) cudaFreeHost(host_buf_);
+        host_buf_ = nullptr;
+        host_buf_bytes_ = 0;
+        TFHVD_RETURN_IF_ERROR(Cuda(cudaMallocHost(&host_buf_, bytes), "cudaMallocHost"));
+        host_buf_bytes_ = bytes;
+      }
+      TFHVD_RETURN_IF_ERROR(Cuda(
+          cudaMemcpyAsync(host_buf_, mine, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpy"));
+      TFHVD_RETURN_IF_ERROR(WaitStream("the copy to the host"));
+      ReduceOp op = o == ncclSum    ? ReduceOp::kSum
+                    : o == ncclMin  ? ReduceOp::kMin
+                    : o == ncclMax  ? ReduceOp::kMax
+                                    : ReduceOp::kProduct;
+      TFHVD_RETURN_IF_ERROR(peers_.cross->Allreduce(nullptr, host_buf_, chunk, dtype, op));
+      TFHVD_RETURN_IF_ERROR(Cuda(
+          cudaMemcpyAsync(mine, host_buf_, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpy"));
+    }
+    TFHVD_RETURN_IF_ERROR(Nccl(ncclAllGather(mine, recv, chunk, t, local_comm_, stream_),
+                               "ncclAllGather (within the node)", local_comm_));
+  }
+  if (main < count) {
+    TFHVD_RETURN_IF_ERROR(Nccl(ncclAllReduce(At(in, main * esize), At(recv, main * esize),
+                                             count - main, t, o, comm_, stream_),
+                               "ncclAllReduce", comm_));
+  }
+  return Status::OK();
+}
+
+Status NcclCollectives::Allgatherv(const void* send, int64_t send_bytes, void* recv,
+                                   const std::vector<int64_t>& recv_bytes) {
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  if (AllEqual(recv_bytes)) {
+    if (send_bytes == 0) return Status::OK();
+    return Nccl(ncclAllGather(send, recv, send_bytes, ncclInt8, comm_, stream_), "ncclAllGather",
+                comm_);
+  }
+  // Ranks contribute different sizes: one broadcast per rank, grouped.
+  TFHVD_RETURN_IF_ERROR(Nccl(ncclGroupStart(), "ncclGroupStart", comm_));
+  int64_t off = 0;
+  Status st;
+  for (int r = 0; r < topo_.size && st.ok(); ++r) {
+    if (recv_bytes[r] > 0) {
+      const void* src = r == topo_.rank ? send : At(recv, off);
+      st = Nccl(ncclBroadcast(src, At(recv, off), recv_bytes[r], ncclInt8, r, comm_, stream_),
+                "ncclBroadcast (allgather)", comm_);
+    }
+    off += recv_bytes[r];
+  }
+  Status end = Nccl(ncclGroupEnd(), "ncclGroupEnd (allgather)", comm_);
+  return st.ok() ? end : st;
+}
+
+Status NcclCollectives::Broadcast(void* buf, int64_t bytes, int root) {
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  if (bytes == 0) return Status::OK();
+  return Nccl(ncclBroadcast(buf, buf, bytes, ncclInt8, root, comm_, stream_), "ncclBroadcast",
+              comm_);
+}
+
+Status NcclCollectives::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                                  void* recv, const std::vector<int64_t>& recv_bytes) {
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  int64_t soff = 0, roff = 0;
+  std::vector<int64_t> sdispl(topo_.size), rdispl(topo_.size);
+  for (int j = 0; j < topo_.size; ++j) {
+    sdispl[j] = soff;
+    rdispl[j] = roff;
+    soff += send_bytes[j];
+    roff += recv_bytes[j];
+  }
+  const int me = topo_.rank;
+  if (send_bytes[me] > 0) {  // this rank's own block
+    TFHVD_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(At(recv, rdispl[me]), At(send, sdispl[me]),
+                                               send_bytes[me], cudaMemcpyDeviceToDevice, stream_),
+                               "cudaMemcpyAsync (alltoall)"));
+  }
+  if (topo_.size == 1) return Status::OK();
+  TFHVD_RETURN_IF_ERROR(Nccl(ncclGroupStart(), "ncclGroupStart", comm_));
+  Status st;
+  for (int j = 0; j < topo_.size && st.ok(); ++j) {
+    if (j == me) continue;
+    if (send_bytes[j] > 0) {
+      st = Nccl(ncclSend(At(send, sdispl[j]), send_bytes[j], ncclInt8, j, comm_, stream_),
+                "ncclSend (alltoall)", comm_);
+    }
+    if (st.ok() && recv_bytes[j] > 0) {
+      st = Nccl(ncclRecv(At(recv, rdispl[j]), recv_bytes[j], ncclInt8, j, comm_, stream_),
+                "ncclRecv (alltoall)", comm_);
+    }
+  }
+  Status end = Nccl(ncclGroupEnd(), "ncclGroupEnd (alltoall)", comm_);
+  return st.ok() ? end : st;
+}
+
+Status NcclCollectives::ReduceScatter(const void* send, void* recv,
+                                      const std::vector<int64_t>& recv_counts, DataType dtype,
+                                      ReduceOp op) {
+  ncclDataType_t t;
+  ncclRedOp_t o;
+  TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  if (AllEqual(recv_counts)) {
+    if (recv_counts[0] == 0) return Status::OK();
+    return Nccl(ncclReduceScatter(send, recv, recv_counts[0], t, o, comm_, stream_),
+                "ncclReduceScatter", comm_);
+  }
+  // Uneven parts: one reduce per destination rank, grouped.
+  const int64_t esize = DataTypeSize(dtype);
+  TFHVD_RETURN_IF_ERROR(Nccl(ncclGroupStart(), "ncclGroupStart", comm_));
+  int64_t off = 0;
+  Status st;
+  for (int r = 0; r < topo_.size && st.ok(); ++r) {
+    if (recv_counts[r] > 0) {
+      // recvbuff is only written on the root; others pass their input.
+      void* out = r == topo_.rank ? recv : const_cast<char*>(At(send, off * esize));
+      st = Nccl(ncclReduce(At(send, off * esize), out, recv_counts[r], t, o, r, comm_, stream_),
+                "ncclReduce (reducescatter)", comm_);
+    }
+    off += recv_counts[r];
+  }
+  Status end = Nccl(ncclGroupEnd(), "ncclGroupEnd (reducescatter)", comm_);
+  return st.ok() ? end : st;
+}
+
+Status NcclCollectives::Barrier() {
+  TFHVD_RETURN_IF_ERROR(BeginCollective());
+  if (scratch_ == nullptr) {
+    TFHVD_RETURN_IF_ERROR(Cuda(cudaMalloc(&scratch_, sizeof(int32_t)), "cudaMalloc"));
+    TFHVD_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(scratch_, 0, sizeof(int32_t), stream_), "memset"));
+  }
+  TFHVD_RETURN_IF_ERROR(
+      Nccl(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_),
+           "ncclAllReduce (barrier)", comm_));
+  return WaitStream("a GPU barrier");
+}
+
+}  // namespace tfhvd

@@ -1,0 +1,339 @@
+"""Configuration of tfhvd's GPU build: which ops get GPU kernels, and where
+CUDA and NCCL are.  The one place that reads the build variables; setup.py
+turns the result into CMake arguments, and tests/gpu/device_check.sh runs
+this file to configure the TensorFlow-free harness.
+
+Build variables (each also accepted under its HOROVOD_* name):
+
+  TFHVD_GPU_OPERATIONS=NCCL   GPU kernels for every collective op
+  TFHVD_GPU_ALLREDUCE=NCCL    ... or op by op (also ALLGATHER, BROADCAST,
+                              ALLTOALL, REDUCESCATTER); a per-op value wins
+  TFHVD_NCCL_HOME             NCCL install with include/ and lib/
+  TFHVD_NCCL_INCLUDE, TFHVD_NCCL_LIB  override the two folders
+  TFHVD_CUDA_HOME             CUDA toolkit (bin/nvcc, include/, lib64/)
+  TFHVD_CUDA_ARCHS            GPU architectures for nvcc (default "80;90")
+  TFHVD_CUDA_COMPILE_CHECK=1  accept an nvcc whose major version differs from
+                              TensorFlow's CUDA: a compile-and-link check only
+
+Where NCCL is looked for, in order: the variables above, the nvidia-nccl-cu12
+wheel (``import nvidia.nccl``, installed by ``tensorflow[and-cuda]``), then
+/usr and /usr/local/nccl.  CUDA: TFHVD_CUDA_HOME (or CUDA_HOME), the standard
+/usr/local/cuda-<TF's major>*, /usr/local/cuda and nvcc on PATH, and a pip
+wheel that ships bin/nvcc.  Without a CUDA toolkit's headers, TensorFlow's
+own CUDA headers are used, and libcudart comes from the
+nvidia-cuda-runtime-cu12 wheel.  (NVIDIA's nvidia-cuda-nvcc-cu12 wheels hold
+only ptxas and libnvvm, not nvcc, so they cannot compile .cu files.)
+
+Run as a script: ``python gpu_config.py --cmake`` prints the CMake arguments
+for a TensorFlow-free build, one per line.
+"""
+
+import glob
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional
+
+OPS = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
+PREFIXES = ("TFHVD_", "HOROVOD_")
+DEFAULT_ARCHS = "80;90"
+
+
+class GpuConfigError(Exception):
+    """A GPU build was asked for and cannot be configured; the message says
+    where tfhvd looked and which variable to set."""
+
+
+def _get(env: Mapping[str, str], name: str) -> Optional[str]:
+    for prefix in PREFIXES:
+        value = env.get(prefix + name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _var(env: Mapping[str, str], name: str) -> str:
+    """The variable name that set ``name`` (for messages)."""
+    for prefix in PREFIXES:
+        if env.get(prefix + name, "").strip():
+            return prefix + name
+    return "TFHVD_" + name
+
+
+def requested_gpu_ops(env: Mapping[str, str]) -> List[str]:
+    """The ops that get GPU kernels, from TFHVD_GPU_OPERATIONS and the per-op
+    switches.  Raises GpuConfigError on a value other than NCCL."""
+    def parse(name: str) -> Optional[bool]:
+        value = _get(env, name)
+        if value is None:
+            return None
+        v = value.upper()
+        if v == "NCCL":
+            return True
+        if v in ("NONE", "CPU", "0", "OFF"):
+            return False
+        raise GpuConfigError(
+            "tfhvd: %s=%s is not supported: tfhvd runs GPU collectives with NCCL only "
+            "(CUDA-aware MPI, Gloo, DDL and CCL are not built). Set it to NCCL, or unset it "
+            "for a CPU-only build." % (_var(env, name), value))
+
+    default = parse("GPU_OPERATIONS")
+    ops = []
+    for op in OPS:
+        own = parse("GPU_" + op)
+        if own if own is not None else bool(default):
+            ops.append(op)
+    return ops
+
+
+def _version_major(nvcc: str) -> Optional[int]:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _wheel_dirs(module: str, find_spec: Callable = importlib.util.find_spec) -> List[str]:
+    """Folders of an installed ``nvidia.*`` wheel, or []."""
+    try:
+        spec = find_spec(module)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    return [p for p in (spec.submodule_search_locations or []) if os.path.isdir(p)]
+
+
+def _first(paths: List[str]) -> Optional[str]:
+    for p in paths:
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+@dataclass
+class GpuConfig:
+    ops: List[str]
+    nvcc: str
+    nvcc_major: Optional[int]
+    cuda_include: List[str]
+    cudart: str
+    nccl_include: str
+    nccl_lib: str
+    nccl_version: str
+    archs: str
+    compile_check_only: bool = False
+    notes: List[str] = field(default_factory=list)
+
+    def cmake_args(self) -> List[str]:
+        return [
+            "-DTFHVD_WITH_NCCL=ON",
+            "-DTFHVD_GPU_OPS=" + ";".join(self.ops),
+            "-DTFHVD_NVCC=" + self.nvcc,
+            "-DTFHVD_CUDA_INCLUDE=" + ";".join(self.cuda_include),
+            "-DTFHVD_CUDART_LIB=" + self.cudart,
+            "-DTFHVD_NCCL_INCLUDE=" + self.nccl_include,
+            "-DTFHVD_NCCL_LIB=" + self.nccl_lib,
+            "-DTFHVD_CUDA_ARCHS=" + self.archs,
+        ]
+
+    def summary(self) -> str:
+        lines = ["tfhvd GPU build: GPU kernels for %s" % ", ".join(o.lower() for o in self.ops),
+                 "  nvcc:  %s (CUDA %s)%s" % (self.nvcc, self.nvcc_major,
+                                              "  [compile check only]"
+                                              if self.compile_check_only else ""),
+                 "  CUDA headers: %s" % " ".join(self.cuda_include),
+                 "  libcudart:    %s" % self.cudart,
+                 "  NCCL %s: %s, %s" % (self.nccl_version, self.nccl_include, self.nccl_lib),
+                 "  archs: %s" % self.archs]
+        return "\n".join(lines + ["  note: " + n for n in self.notes])
+
+
+def find_nccl(env: Mapping[str, str], find_spec: Callable = importlib.util.find_spec,
+              system_roots=("/usr", "/usr/local/nccl", "/usr/local")) -> Dict[str, str]:
+    """``{"include": dir, "lib": file, "version": "2.x.y"}``; raises with the
+    places it looked."""
+    looked = []
+    roots = []
+    home = _get(env, "NCCL_HOME")
+    if home:
+        if not os.path.exists(os.path.join(home, "include", "nccl.h")):
+            raise GpuConfigError("tfhvd: %s=%s has no include/nccl.h; point it at an NCCL "
+                                 "install (with include/ and lib/)" % (_var(env, "NCCL_HOME"), home))
+        roots.append((home, _var(env, "NCCL_HOME")))
+    for d in _wheel_dirs("nvidia.nccl", find_spec):
+        roots.append((d, "the nvidia-nccl-cu12 wheel"))
+    for r in system_roots:
+        roots.append((r, "the system"))
+    inc = _get(env, "NCCL_INCLUDE")
+    lib = _get(env, "NCCL_LIB")
+    if inc and not os.path.exists(os.path.join(inc, "nccl.h")):
+        raise GpuConfigError("tfhvd: %s=%s has no nccl.h" % (_var(env, "NCCL_INCLUDE"), inc))
+    if lib and os.path.isdir(lib):
+        found = _first([os.path.join(lib, n) for n in ("libnccl.so", "libnccl.so.2")])
+        if not found:
+            raise GpuConfigError("tfhvd: %s=%s has no libnccl.so" % (_var(env, "NCCL_LIB"), lib))
+        lib = found
+    for root, what in roots:
+        cand_inc = _first([os.path.join(root, "include", "nccl.h")])
+        libdirs = [os.path.join(root, d) for d in ("lib", "lib64", "lib/x86_64-linux-gnu",
+                                                     "lib/aarch64-linux-gnu")]
+        cand_lib = _first([os.path.join(d, n) for d in libdirs
+                           for n in ("libnccl.so", "libnccl.so.2")])
+        looked.append("%s (%s)" % (root, what))
+        if inc is None and cand_inc and (lib is not None or cand_lib):
+            inc = os.path.dirname(cand_inc)
+        if lib is None and cand_lib and (inc is not None):
+            lib = cand_lib
+        if inc and lib:
+            break
+    if not (inc and lib):
+        raise GpuConfigError(
+            "tfhvd: a GPU build was asked for (TFHVD_GPU_OPERATIONS=NCCL) but NCCL was not "
+            "found.\nLooked for include/nccl.h and lib/libnccl.so in: %s.\n"
+            "Install it with `pip install nvidia-nccl-cu12` (tensorflow[and-cuda] does), or set "
+            "TFHVD_NCCL_HOME (or TFHVD_NCCL_INCLUDE and TFHVD_NCCL_LIB) to an NCCL install."
+            % "; ".join(looked))
+    with open(os.path.join(inc, "nccl.h"), errors="replace") as f:
+        text = f.read()
+    parts = [re.search(r"#define NCCL_%s\s+(\d+)" % k, text) for k in ("MAJOR", "MINOR", "PATCH")]
+    version = ".".join(p.group(1) for p in parts) if all(parts) else "unknown"
+    if all(parts) and (int(parts[0].group(1)), int(parts[1].group(1))) < (2, 7):
+        raise GpuConfigError("tfhvd: NCCL %s at %s is too old; tfhvd needs NCCL 2.7 or newer"
+                             % (version, inc))
+    return {"include": inc, "lib": lib, "version": version}
+
+
+def find_cuda(env: Mapping[str, str], tf_cuda_major: Optional[int],
+              tf_include: Optional[str], find_spec: Callable = importlib.util.find_spec,
+              which: Callable = shutil.which, version_of: Callable = _version_major,
+              standard=("/usr/local/cuda-{major}*", "/usr/local/cuda", "/opt/cuda"),
+              ) -> Dict[str, object]:
+    """``{"nvcc", "major", "include": [...], "cudart", "check_only", "notes"}``."""
+    check_only = (_get(env, "CUDA_COMPILE_CHECK") or "0").lower() in ("1", "true", "yes", "on")
+    homes = []  # (root, what)
+    for name in ("TFHVD_CUDA_HOME", "HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
+        if env.get(name):
+            homes.append((env[name], name))
+    for pattern in standard:
+        for root in sorted(glob.glob(pattern.format(major=tf_cuda_major or "")), reverse=True):
+            homes.append((root, "a standard location"))
+    on_path = which("nvcc")
+    if on_path:
+        homes.append((os.path.dirname(os.path.dirname(os.path.realpath(on_path))), "PATH"))
+    for module in ("nvidia.cuda_nvcc", "nvidia.cu12", "nvidia.cu13"):
+        for d in _wheel_dirs(module, find_spec):
+            homes.append((d, "the %s wheel" % module))
+    looked, mismatched = [], []
+    chosen = None
+    for root, what in homes:
+        nvcc = os.path.join(root, "bin", "nvcc")
+        looked.append("%s (%s)" % (nvcc, what))
+        if not os.path.exists(nvcc):
+            if what in ("TFHVD_CUDA_HOME", "HOROVOD_CUDA_HOME"):
+                raise GpuConfigError("tfhvd: %s=%s has no bin/nvcc; point it at a CUDA %s"
+                                     "toolkit" % (what, root, "%s " % tf_cuda_major
+                                                  if tf_cuda_major else ""))
+            continue
+        major = version_of(nvcc)
+        if tf_cuda_major is not None and major != tf_cuda_major:
+            mismatched.append((root, nvcc, major))
+            continue
+        chosen = (root, nvcc, major, False)
+        break
+    notes = []
+    if chosen is None and mismatched and check_only:
+        root, nvcc, major = mismatched[0]
+        chosen = (root, nvcc, major, True)
+        notes.append("nvcc is CUDA %s but TensorFlow was built with CUDA %s: the .cu files are "
+                     "compiled for a compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); their "
+                     "kernels need a driver for CUDA %s" % (major, tf_cuda_major, major))
+    if chosen is None:
+        why = ""
+        if mismatched:
+            why = ("\nFound nvcc of another CUDA major version than TensorFlow's CUDA %s: %s." %
+                   (tf_cuda_major, ", ".join("%s (CUDA %s)" % (n, m) for _, n, m in mismatched)))
+        raise GpuConfigError(
+            "tfhvd: a GPU build was asked for (TFHVD_GPU_OPERATIONS=NCCL) but no CUDA %scompiler "
+            "(nvcc) was found.\nLooked for: %s.%s\nSet TFHVD_CUDA_HOME to a CUDA %stoolkit "
+            "(the nvidia/cuda:*-devel images have one in /usr/local/cuda). The "
+            "nvidia-cuda-nvcc-cu12 wheel does not help: it ships ptxas but no nvcc."
+            % ("%s " % tf_cuda_major if tf_cuda_major else "", "; ".join(looked), why,
+               "%s " % tf_cuda_major if tf_cuda_major else ""))
+    root, nvcc, major, mismatch = chosen
+    # Headers and libcudart for the C++ files must match the CUDA runtime
+    # TensorFlow loads: the toolkit's own when its version matches, else
+    # TensorFlow's bundled headers and the nvidia-cuda-runtime wheel.
+    include, cudart = [], None
+    if not mismatch and os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+        include = [os.path.join(root, "include")]
+        if os.path.isdir(os.path.join(root, "include", "cccl")):
+            include.append(os.path.join(root, "include", "cccl"))
+        cudart = _first([os.path.join(root, d, "libcudart.so")
+                         for d in ("lib64", "lib", "targets/x86_64-linux/lib",
+                                   "targets/sbsa-linux/lib")])
+    if not include and tf_include:
+        tf_cuda = os.path.join(tf_include, "third_party", "gpus", "cuda")
+        if os.path.exists(os.path.join(tf_cuda, "include", "cuda_runtime_api.h")):
+            include = [os.path.join(tf_cuda, "include"), os.path.join(tf_cuda, "libcudacxx",
+                                                                      "include")]
+            notes.append("CUDA headers from TensorFlow's include folder")
+    if cudart is None:
+        for d in _wheel_dirs("nvidia.cuda_runtime", find_spec):
+            cudart = _first(sorted(glob.glob(os.path.join(d, "lib", "libcudart.so*"))))
+            if cudart:
+                break
+    if not include or cudart is None:
+        raise GpuConfigError(
+            "tfhvd: found nvcc at %s but not the CUDA %s runtime (%s).\nLooked in %s/include and "
+            "lib64, TensorFlow's include folder and the nvidia-cuda-runtime-cu12 wheel.\n"
+            "Install it with `pip install nvidia-cuda-runtime-cu12` (tensorflow[and-cuda] does), "
+            "or set TFHVD_CUDA_HOME to a complete CUDA toolkit."
+            % (nvcc, tf_cuda_major or "", "headers" if not include else "libcudart", root))
+    return {"nvcc": nvcc, "major": major, "include": include, "cudart": cudart,
+            "check_only": mismatch, "notes": notes}
+
+
+def configure(env: Mapping[str, str], tf_cuda_version: Optional[str] = None,
+              tf_include: Optional[str] = None) -> Optional[GpuConfig]:
+    """None for a CPU-only build; else the GPU build's configuration."""
+    ops = requested_gpu_ops(env)
+    if not ops:
+        return None
+    major = int(tf_cuda_version.split(".")[0]) if tf_cuda_version else None
+    nccl = find_nccl(env)
+    cuda = find_cuda(env, major, tf_include)
+    archs = _get(env, "CUDA_ARCHS") or DEFAULT_ARCHS
+    if not re.fullmatch(r"\d+a?(;\d+a?)*", archs):
+        raise GpuConfigError("tfhvd: %s=%s: expected architectures like 80;90"
+                             % (_var(env, "CUDA_ARCHS"), archs))
+    return GpuConfig(ops=ops, nvcc=cuda["nvcc"], nvcc_major=cuda["major"],
+                     cuda_include=cuda["include"], cudart=cuda["cudart"],
+                     nccl_include=nccl["include"], nccl_lib=nccl["lib"],
+                     nccl_version=nccl["version"], archs=archs,
+                     compile_check_only=cuda["check_only"], notes=cuda["notes"])
+
+
+def main(argv: List[str]) -> int:
+    env = dict(os.environ)
+    env.setdefault("TFHVD_GPU_OPERATIONS", "NCCL")
+    try:
+        cfg = configure(env)
+    except GpuConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if "--cmake" in argv:
+        print("\n".join(cfg.cmake_args()))
+    print(cfg.summary(), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,258 @@
+// The collective kernels, shared by the CPU registrations (kernels.cc) and,
+// in a GPU build, the GPU registrations (gpu_kernels.cc).
+//
+// Every collective kernel is an AsyncOpKernel: ComputeAsync wraps its tensors
+// in the core's Tensor/OpContext interfaces, enqueues them and returns at
+// once; the runtime's background thread later fills the outputs and the
+// callback sets the status and calls done().  No kernel ever blocks an
+// executor thread or calls MPI itself.
+#ifndef TFHVD_TENSORFLOW_KERNELS_H_
+#define TFHVD_TENSORFLOW_KERNELS_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "../core/backend.h"
+#include "../core/c_api.h"
+#include "../core/runtime.h"
+
+namespace tensorflow {
+namespace tfhvd_kernels {
+
+namespace core = ::tfhvd;
+
+inline absl::Status ToTF(const core::Status& st) {
+  switch (st.code()) {
+    case core::StatusCode::kOk: return absl::OkStatus();
+    case core::StatusCode::kInvalidArgument: return errors::InvalidArgument(st.message());
+    case core::StatusCode::kAborted: return errors::Aborted(st.message());
+    case core::StatusCode::kFailedPrecondition: return errors::FailedPrecondition(st.message());
+    default: return errors::Internal(st.message());
+  }
+}
+
+inline absl::Status ToCore(DataType dt, core::DataType* out) {
+  switch (dt) {
+    case DT_UINT8: *out = core::DataType::kUInt8; break;
+    case DT_INT8: *out = core::DataType::kInt8; break;
+    case DT_UINT16: *out = core::DataType::kUInt16; break;
+    case DT_INT16: *out = core::DataType::kInt16; break;
+    case DT_INT32: *out = core::DataType::kInt32; break;
+    case DT_INT64: *out = core::DataType::kInt64; break;
+    case DT_HALF: *out = core::DataType::kFloat16; break;
+    case DT_BFLOAT16: *out = core::DataType::kBFloat16; break;
+    case DT_FLOAT: *out = core::DataType::kFloat32; break;
+    case DT_DOUBLE: *out = core::DataType::kFloat64; break;
+    case DT_BOOL: *out = core::DataType::kBool; break;
+    default:
+      return errors::InvalidArgument("tfhvd does not support dtype ", DataTypeString(dt));
+  }
+  return absl::OkStatus();
+}
+
+inline core::Shape ToCore(const TensorShape& s) {
+  core::Shape out;
+  for (int i = 0; i < s.dims(); ++i) out.push_back(s.dim_size(i));
+  return out;
+}
+
+// A TF tensor seen by the core.  Holding the Tensor keeps its buffer alive.
+class TFTensor : public core::Tensor {
+ public:
+  explicit TFTensor(const tensorflow::Tensor& t) : t_(t), shape_(ToCore(t.shape())) {
+    ToCore(t.dtype(), &dtype_).IgnoreError();
+  }
+  core::DataType dtype() const override { return dtype_; }
+  const core::Shape& shape() const override { return shape_; }
+  const void* data() const override { return t_.tensor_data().data(); }
+  void* mutable_data() override { return const_cast<char*>(t_.tensor_data().data()); }
+  int64_t size_bytes() const override { return static_cast<int64_t>(t_.tensor_data().size()); }
+  std::shared_ptr<core::ReadyEvent> ready_event() const override { return event_; }
+  // GPU kernels: when TF's stream has produced or allocated the tensor.
+  void set_ready_event(std::shared_ptr<core::ReadyEvent> e) { event_ = std::move(e); }
+
+ private:
+  tensorflow::Tensor t_;
+  core::Shape shape_;
+  core::DataType dtype_ = core::DataType::kFloat32;
+  std::shared_ptr<core::ReadyEvent> event_;
+};
+
+// Allocates outputs after negotiation.  `base` offsets the output index for
+// grouped ops, where tensor i owns output base + i.
+class TFOpContext : public core::OpContext {
+ public:
+  TFOpContext(OpKernelContext* ctx, int base) : ctx_(ctx), base_(base) {}
+  core::Status AllocateOutput(int index, const core::Shape& shape,
+                              std::shared_ptr<core::Tensor>* out) override {
+    TensorShape ts;
+    for (int64_t d : shape) {
+      absl::Status s = ts.AddDimWithStatus(d);
+      if (!s.ok()) return core::Status::InvalidArgument(std::string(s.message()));
+    }
+    tensorflow::Tensor* t = nullptr;
+    absl::Status s = ctx_->allocate_output(base_ + index, ts, &t);
+    if (!s.ok()) return core::Status::Internal("allocating an output: " + std::string(s.message()));
+    *out = std::make_shared<TFTensor>(*t);
+    return core::Status::OK();
+  }
+
+ protected:
+  OpKernelContext* ctx_;
+  int base_;
+};
+
+// Completes a kernel once all `n` of its entries have finished.  Callbacks
+// run one at a time on the runtime's background thread.
+struct Completion {
+  Completion(OpKernelContext* c, AsyncOpKernel::DoneCallback d, int n)
+      : ctx(c), done(std::move(d)), remaining(n) {}
+  void Finish(const core::Status& st) {
+    if (!st.ok() && status.ok()) status = ToTF(st);
+    if (--remaining == 0) {
+      ctx->SetStatus(status);
+      done();
+    }
+  }
+  OpKernelContext* ctx;
+  AsyncOpKernel::DoneCallback done;
+  std::atomic<int> remaining;
+  absl::Status status;
+};
+
+class HorovodOp : public AsyncOpKernel {
+ public:
+  explicit HorovodOp(OpKernelConstruction* c, core::CollectiveType type)
+      : AsyncOpKernel(c), type_(type) {
+    if (c->HasAttr("ignore_name_scope")) {
+      OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
+    }
+    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    if (c->HasAttr("process_set_id")) {
+      int id = 0;
+      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &id));
+      OP_REQUIRES(c, id == 0,
+                  errors::Unimplemented("tfhvd supports only the global process set "
+                                        "(process_set_id=0), got ",
+                                        id));
+    }
+    if (c->HasAttr("reduce_op")) {
+      int op = 0;
+      OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+      OP_REQUIRES(c, op >= 0 && op <= 5, errors::InvalidArgument("unknown reduce_op ", op));
+      params_.reduce_op = static_cast<core::ReduceOp>(op);
+    }
+    float f;
+    if (c->HasAttr("prescale_factor")) {
+      OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &f));
+      params_.prescale = f;
+    }
+    if (c->HasAttr("postscale_factor")) {
+      OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &f));
+      params_.postscale = f;
+    }
+    if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &params_.root_rank));
+    params_.type = type;
+  }
+
+  // ComputeAsync only enqueues: running it inline in the executor is cheaper
+  // than handing each collective to the inter-op thread pool.
+  bool IsExpensive() override { return false; }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = NumEntries(ctx);
+    auto completion = std::make_shared<Completion>(ctx, std::move(done), n);
+    std::vector<core::TensorTableEntry> entries;
+    for (int i = 0; i < n; ++i) {
+      core::TensorTableEntry e;
+      e.name = n == 1 ? BaseName() : BaseName() + "_" + std::to_string(i + 1) + "of" +
+                                         std::to_string(n);
+      e.params = params_;
+      e.context = std::make_shared<TFOpContext>(ctx, i);
+      absl::Status s = Prepare(ctx, i, &e);
+      if (!s.ok()) {
+        ctx->SetStatus(s);
+        completion->done();
+        return;
+      }
+      e.callback = [completion](const core::Status& st) { completion->Finish(st); };
+      entries.push_back(std::move(e));
+    }
+    core::Status st = core::EnqueueEntries(std::move(entries));
+    if (!st.ok()) {
+      ctx->SetStatus(ToTF(st));
+      completion->done();
+    }
+  }
+
+ protected:
+  virtual int NumEntries(OpKernelContext* ctx) { return ctx->num_inputs(); }
+
+  // Fills the entry for input i: its tensor, shape, dtype, output.
+  virtual absl::Status Prepare(OpKernelContext* ctx, int i, core::TensorTableEntry* e) {
+    const Tensor& in = ctx->input(i);
+    TF_RETURN_IF_ERROR(ToCore(in.dtype(), &e->params.dtype));
+    e->params.shape = ToCore(in.shape());
+    e->input = std::make_shared<TFTensor>(in);
+    if (type_ == core::CollectiveType::kAllreduce || type_ == core::CollectiveType::kBroadcast) {
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out));
+      e->output = std::make_shared<TFTensor>(*out);
+    }
+    return absl::OkStatus();
+  }
+
+  std::string BaseName() const {
+    std::string n = tensor_name_.empty() ? name() : tensor_name_;
+    if (ignore_name_scope_) {
+      auto pos = n.find_last_of('/');
+      if (pos != std::string::npos) n = n.substr(pos + 1);
+    }
+    return n;
+  }
+
+  core::CollectiveType type_;
+  core::CollectiveParams params_;
+  bool ignore_name_scope_ = false;
+  std::string tensor_name_;
+};
+
+#define TFHVD_SIMPLE_KERNEL(CLASS, TYPE)                                       \
+  class CLASS : public HorovodOp {                                             \
+   public:                                                                     \
+    explicit CLASS(OpKernelConstruction* c) : HorovodOp(c, TYPE) {}            \
+  };
+
+TFHVD_SIMPLE_KERNEL(AllreduceOp, core::CollectiveType::kAllreduce)
+TFHVD_SIMPLE_KERNEL(AllgatherOp, core::CollectiveType::kAllgather)
+TFHVD_SIMPLE_KERNEL(BroadcastOp, core::CollectiveType::kBroadcast)
+TFHVD_SIMPLE_KERNEL(ReducescatterOp, core::CollectiveType::kReducescatter)
+
+class AlltoallOp : public HorovodOp {
+ public:
+  explicit AlltoallOp(OpKernelConstruction* c) : HorovodOp(c, core::CollectiveType::kAlltoall) {}
+
+ protected:
+  int NumEntries(OpKernelContext*) override { return 1; }
+  absl::Status Prepare(OpKernelContext* ctx, int i, core::TensorTableEntry* e) override {
+    TF_RETURN_IF_ERROR(HorovodOp::Prepare(ctx, i, e));
+    const Tensor& splits = ctx->input(1);
+    if (splits.dims() > 1) {
+      return errors::InvalidArgument("alltoall splits must be a vector, got shape ",
+                                     splits.shape().DebugString());
+    }
+    auto flat = splits.flat<int32>();
+    e->params.splits.assign(flat.data(), flat.data() + flat.size());
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace tfhvd_kernels
+}  // namespace tensorflow
+
+#endif  // TFHVD_TENSORFLOW_KERNELS_H_
