@@ -3,6 +3,9 @@
 # and run paths.  Included by CMakeLists.txt only when TFHVD_WITH_NCCL is on.
 # The paths come from gpu_config.py (setup.py or tests/gpu/device_check.sh
 # run it); this file only checks them, so a hand-run cmake fails clearly too.
+# Paths are relative to tfhvd_ops/ so that tests/gpu/CMakeLists.txt can
+# include this file too.
+get_filename_component(TFHVD_OPS_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
 set(TFHVD_GPU_OPS "ALLREDUCE;ALLGATHER;BROADCAST;ALLTOALL;REDUCESCATTER" CACHE STRING
     "Ops that get GPU kernels")
 set(TFHVD_NVCC "" CACHE FILEPATH "nvcc")
@@ -41,8 +44,8 @@ foreach(cu cuda/gpu_kernels.cu)
     OUTPUT ${_obj}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/cuda
     COMMAND ${TFHVD_NVCC} -ccbin ${CMAKE_CXX_COMPILER} -std=c++17 -O3 -Xcompiler -fPIC
-            ${_gencode} -c ${CMAKE_CURRENT_SOURCE_DIR}/${cu} -o ${_obj}
-    DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${cu} ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_kernels.h
+            ${_gencode} -c ${TFHVD_OPS_DIR}/${cu} -o ${_obj}
+    DEPENDS ${TFHVD_OPS_DIR}/${cu} ${TFHVD_OPS_DIR}/cuda/gpu_kernels.h
     COMMENT "nvcc ${cu} (sm ${TFHVD_CUDA_ARCHS})"
     VERBATIM)
   list(APPEND TFHVD_CUDA_OBJECTS ${_obj})
@@ -63,9 +66,9 @@ get_filename_component(_nccl_dir ${TFHVD_NCCL_LIB} DIRECTORY)
 set(TFHVD_GPU_RPATH "${_cudart_dir};${_nccl_dir};$ORIGIN/../nvidia/nccl/lib;$ORIGIN/../nvidia/cuda_runtime/lib")
 
 set(TFHVD_NCCL_SOURCES
-  backends/nccl/gpu_events.cc
-  backends/nccl/nccl_backend.cc
-  backends/nccl/nccl_collectives.cc)
+  ${TFHVD_OPS_DIR}/backends/nccl/gpu_events.cc
+  ${TFHVD_OPS_DIR}/backends/nccl/nccl_backend.cc
+  ${TFHVD_OPS_DIR}/backends/nccl/nccl_collectives.cc)
 
 set(TFHVD_GPU_OP_DEFINITIONS "")
 foreach(op ${TFHVD_GPU_OPS})

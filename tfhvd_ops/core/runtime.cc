@@ -90,14 +90,12 @@ void Runtime::ExecuteList(const ResponseList& list) {
                   r.joined_ranks.end();
     bool missing = false;
     for (size_t i = 0; i < r.names.size(); ++i) {
-      if (i < r.cache_ids.size()) cache_.Insert(r.cache_ids[i], r.names[i], r.params);
       TensorTableEntry e;
       if (queue_.Pop(r.names[i], &e)) {
         timeline_.NegotiateEnd(r.names[i]);
-        // A fused response carries names[0]'s shape; keep each entry's own.
-        if (i < r.cache_ids.size() && r.cache_ids[i] >= 0 && i > 0) {
-          cache_.Insert(r.cache_ids[i], r.names[i], e.params);
-        }
+        // Cache what this rank asked for: a fused response carries only
+        // names[0]'s shape, and cacheable requests are the same on every rank.
+        if (i < r.cache_ids.size()) cache_.Insert(r.cache_ids[i], r.names[i], e.params);
         entries[i] = std::make_unique<TensorTableEntry>(std::move(e));
       } else if (r.kind == ResponseKind::kCollective && !joined) {
         missing = true;

@@ -75,6 +75,7 @@ class NcclCollectives : public Collectives {
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
+  const char* name() const override { return "NCCL"; }
 
   void* FusionBuffer(int64_t bytes) override;
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
