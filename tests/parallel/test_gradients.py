@@ -138,3 +138,17 @@ def test_predivide_factor():
     tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=float(size))
     (g,) = tape.gradient(loss, [w])
     np.testing.assert_allclose(g.numpy(), [(size + 1) / 2.0], rtol=1e-6)
+
+
+def test_grouped_allgather_and_reducescatter_grads():
+    rank, size = hvd.rank(), hvd.size()
+    a, b = tf.ones([rank + 1]), tf.ones([size * 2, 2])
+    with tf.GradientTape() as tape:
+        tape.watch(a)
+        tape.watch(b)
+        ga, = hvd.grouped_allgather([a], name="gga")
+        rs, = hvd.grouped_reducescatter([b], op=hvd.Sum, name="grs2")
+        loss = tf.reduce_sum(ga) * 2.0 + tf.reduce_sum(rs) * (rank + 1.0)
+    da, db = tape.gradient(loss, [a, b])
+    np.testing.assert_allclose(da.numpy(), np.full([rank + 1], 2.0))
+    np.testing.assert_allclose(db.numpy()[:, 0], np.repeat(np.arange(1.0, size + 1.0), 2))
