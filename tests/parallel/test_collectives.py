@@ -211,3 +211,14 @@ def test_broadcast_variables():
     v = [tf.Variable(tf.fill([3], float(rank))), tf.Variable(rank * 10)]
     hvd.broadcast_variables(v, root_rank=size - 1)
     assert v[0].numpy().tolist() == [size - 1.0] * 3 and int(v[1].numpy()) == (size - 1) * 10
+
+
+def test_empty_tensors():
+    rank, size = rank_size()
+    assert hvd.allreduce(tf.zeros([0, 4]), name="e_ar").shape == (0, 4)
+    g = hvd.allgather(tf.ones([rank % 2, 3]), name="e_ag")  # some ranks send no rows
+    assert g.shape == (sum(r % 2 for r in range(size)), 3)
+    assert hvd.broadcast(tf.zeros([0]), 0, name="e_bc").shape == (0,)
+    out, rs = hvd.alltoall(tf.zeros([0, 2]), splits=[0] * size, name="e_a2a")
+    assert out.shape == (0, 2) and rs.numpy().tolist() == [0] * size
+    assert hvd.reducescatter(tf.zeros([0, 2]), name="e_rs").shape == (0, 2)
