@@ -6,6 +6,7 @@ Use it like Horovod::
     hvd.init()
 """
 
+from tfhvd.runner import run
 from tfhvd.version import __version__
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "run"]

@@ -23,6 +23,8 @@ Status CreateBackend(const BackendOptions& opts, std::unique_ptr<Backend>* out, 
 
 void FinalizeTransports() { FinalizeMpiIfOwned(); }
 
+void AbortTransports(int code) { AbortMpi(code); }
+
 BuildInfo GetBuildInfo() {
   BuildInfo info;
   info.mpi = true;

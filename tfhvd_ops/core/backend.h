@@ -133,6 +133,9 @@ Status CreateBackend(const BackendOptions& opts, std::unique_ptr<Backend>* out, 
 // Finalises the transport library if tfhvd initialised it.  Called once at
 // process exit.
 void FinalizeTransports();
+// Ends the whole job (MPI_Abort): for a process whose peers are stuck, where
+// a finalize would block forever.
+void AbortTransports(int code);
 
 // What this build contains, for check-build and `mpi_built()` style queries.
 struct BuildInfo {

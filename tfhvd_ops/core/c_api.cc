@@ -90,7 +90,7 @@ int tfhvd_shutdown(void) {
     std::lock_guard<std::mutex> l(g.mu);
     rt.swap(g.runtime);
   }
-  if (rt) rt->Shutdown();
+  if (rt && !rt->Shutdown()) return 1;
   return 0;
 }
 
@@ -144,7 +144,12 @@ int tfhvd_stop_timeline(void) {
 }
 
 void tfhvd_finalize(void) {
-  tfhvd_shutdown();
+  if (tfhvd_shutdown() != 0) {
+    // The peers are stuck: MPI_Finalize would wait for them forever.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    tfhvd::AbortTransports(1);
+  }
   tfhvd::FinalizeTransports();
 }
 

@@ -28,6 +28,7 @@ extern "C" {
 
 // Each returns 0 on success or a StatusCode, with a message in `err`.
 int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen);
+// 0, or 1 when the peers did not shut down within the stall-shutdown time.
 int tfhvd_shutdown(void);
 int tfhvd_is_initialized(void);
 // -1 when not initialised.

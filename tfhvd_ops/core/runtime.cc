@@ -1,6 +1,7 @@
 #include "runtime.h"
 
 #include <algorithm>
+#include <sstream>
 
 namespace tfhvd {
 namespace {
@@ -59,13 +60,46 @@ Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
   return queue_.Add(std::move(entries));
 }
 
-void Runtime::Shutdown() {
-  if (stopped_) return;
+bool Runtime::Shutdown() {
+  if (stopped_) return !abandoned_;
   stopped_ = true;
   shutdown_requested_ = true;
   queue_.Notify();
   if (thread_.joinable()) thread_.join();
   timeline_.Stop();
+  return !abandoned_;
+}
+
+bool Runtime::ShutdownStalled(Clock::time_point since, Clock::time_point* last_warned) {
+  if (settings_.stall_check_disable) return false;
+  using Secs = std::chrono::duration<double>;
+  const Clock::time_point now = Clock::now();
+  const double waited = Secs(now - since).count();
+  std::vector<int> missing;
+  if (topology().rank == 0) {
+    for (int r = 1; r < topology().size; ++r) {
+      if (!coordinator_->IsShutDown(r)) missing.push_back(r);
+    }
+  } else if (!coordinator_gone_) {
+    missing.push_back(0);
+  }
+  if (missing.empty()) return false;
+  std::ostringstream ranks;
+  for (size_t i = 0; i < missing.size(); ++i) ranks << (i ? ", " : "") << missing[i];
+  if (settings_.stall_shutdown_time_s > 0 && waited >= settings_.stall_shutdown_time_s) {
+    TFHVD_LOG(log_, kError, "shutdown: ranks [" << ranks.str() << "] did not shut down within "
+                                << settings_.stall_shutdown_time_s
+                                << " s (stall shutdown time); aborting the job");
+    return true;
+  }
+  if (waited >= settings_.stall_check_time_s &&
+      Secs(now - *last_warned).count() >= settings_.stall_check_time_s) {
+    *last_warned = now;
+    TFHVD_LOG(log_, kWarning, "shutdown: waited " << static_cast<int>(waited) << " s for ranks ["
+                                  << ranks.str() << "] to shut down (stuck, or still busy "
+                                  "outside tfhvd)");
+  }
+  return false;
 }
 
 RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) {
@@ -270,11 +304,17 @@ void Runtime::Loop() {
   const bool blocking = channel->Wait(queue_.wake_fd(), Micros(0));
   Clock::time_point idle_since = Clock::now();
   Micros wait = kFirstWait;
+  Clock::time_point shutdown_since{}, shutdown_warned{};
   while (true) {
     timeline_.MarkCycle();
     const bool shutting_down = shutdown_requested_.load();
     if (shutting_down) {
       queue_.Close(Status::Aborted("tfhvd has been shut down; call hvd.init() again"));
+      if (shutdown_since == Clock::time_point{}) shutdown_since = shutdown_warned = Clock::now();
+      if (ShutdownStalled(shutdown_since, &shutdown_warned)) {
+        abandoned_ = true;
+        break;
+      }
     }
     bool progress = coordinator ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
     if (coordinator ? (shutting_down && coordinator_->AllWorkersShutDown() &&
@@ -310,7 +350,8 @@ void Runtime::Loop() {
     queue_.Wait(wait);
     wait = std::min(wait * 2, kMaxWait);
   }
-  backend_->control()->FlushSends();
+  // Sends to stuck peers may never complete: flush only after a clean exit.
+  if (!abandoned_) backend_->control()->FlushSends();
   FailAll(Status::Aborted("tfhvd: shut down while this collective was pending"));
 }
 

@@ -36,7 +36,12 @@ class Runtime {
   Status Enqueue(std::vector<TensorTableEntry> entries);
   // Collective with the other ranks (see controller.h, step 6); blocks until
   // the background thread has left.  Pending entries fail with Aborted.
-  void Shutdown();
+  // Waiting for the peers is itself stall-checked: after the stall-check time
+  // each rank warns which ranks have not shut down, and after the
+  // stall-shutdown time (when set) it stops waiting.  Returns false in that
+  // case: the peers are stuck, so MPI_Finalize would block too and the job
+  // must be aborted (tfhvd_finalize does).
+  bool Shutdown();
 
   const Topology& topology() const { return backend_->topology(); }
   const Settings& settings() const { return settings_; }
@@ -50,6 +55,10 @@ class Runtime {
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
   void FailAll(const Status& st);
+  // While shutting down: warns about, and after the stall-shutdown time gives
+  // up on, peers that have not shut down.  Returns true to give up.
+  bool ShutdownStalled(std::chrono::steady_clock::time_point since,
+                       std::chrono::steady_clock::time_point* last_warned);
   void TimelineNegotiateStart(const std::vector<Request>& fresh);
   RequestList MakeRequestList(std::vector<Request> fresh, bool shutdown);
 
@@ -67,6 +76,7 @@ class Runtime {
   // Background thread state.
   bool shutdown_sent_ = false;       // worker told the coordinator
   bool coordinator_gone_ = false;    // coordinator told us it left
+  bool abandoned_ = false;           // gave up waiting for the peers to shut down
   std::vector<bool> announced_;      // rank 0: workers told to leave
   std::chrono::steady_clock::time_point last_round_;
 };

@@ -49,6 +49,9 @@ Status Timeline::Start(const std::string& path, int rank, bool mark_cycles) {
   mark_cycles_ = mark_cycles;
   rows_.clear();
   start_ = std::chrono::steady_clock::now();
+  start_epoch_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
   std::fputs("[\n]", file_);
   std::fflush(file_);
   on_ = true;
@@ -71,7 +74,8 @@ void Timeline::Stop() {
 int64_t Timeline::NowMicros() const { return Micros(std::chrono::steady_clock::now()); }
 
 int64_t Timeline::Micros(std::chrono::steady_clock::time_point t) const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(t - start_).count();
+  return start_epoch_us_ +
+         std::chrono::duration_cast<std::chrono::microseconds>(t - start_).count();
 }
 
 void Timeline::Queued(const std::string& name, std::chrono::steady_clock::time_point enqueued) {

@@ -58,6 +58,11 @@ class Timeline {
   bool mark_cycles_ = false;
   int rank_ = 0;
   std::chrono::steady_clock::time_point start_;
+  // Microseconds since the Unix epoch at start_: timestamps are epoch-based
+  // so the files of different ranks line up when merged (exactly on one
+  // host, to clock-sync precision across hosts), while durations still come
+  // from the steady clock.
+  int64_t start_epoch_us_ = 0;
   std::unordered_map<std::string, int> rows_;
 };
 

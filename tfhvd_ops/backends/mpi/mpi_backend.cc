@@ -402,6 +402,13 @@ Status CreateMpiBackend(const BackendOptions& opts, std::unique_ptr<Backend>* ou
   return Status::OK();
 }
 
+void AbortMpi(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 void FinalizeMpiIfOwned() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

@@ -19,6 +19,8 @@ Status CreateMpiBackend(const BackendOptions& opts, std::unique_ptr<Backend>* ou
                         bool* excluded);
 // MPI_Finalize, only if tfhvd called MPI_Init and nobody finalised since.
 void FinalizeMpiIfOwned();
+// MPI_Abort(MPI_COMM_WORLD, code) if MPI is initialised and not finalised.
+void AbortMpi(int code);
 
 }  // namespace tfhvd
 

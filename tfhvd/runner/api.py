@@ -1,0 +1,215 @@
+"""``tfhvd.run``: run a Python function on every rank of a new job and get
+back each rank's return value, like ``horovod.run``.
+
+::
+
+    import tfhvd
+
+    def train(lr):
+        import tfhvd.tensorflow as hvd
+        hvd.init()
+        ...
+        return hvd.rank(), final_loss
+
+    results = tfhvd.run(train, args=(0.1,), np=2)   # [(0, loss0), (1, loss1)]
+"""
+
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
+
+from tfhvd.runner import task
+from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.hosts import HostError
+from tfhvd.runner.launch import LaunchError, job_env, prepare, run_job
+from tfhvd.runner.output import FailureTracker, Line
+
+# Above this the function travels in a file (which remote hosts must share).
+_ENV_PAYLOAD_LIMIT = 64 * 1024
+
+
+class RunError(RuntimeError):
+    """The job of :func:`run` failed.
+
+    Attributes: ``rank`` (the rank that failed first, or None), ``exit_code``
+    (the job's) and ``remote_traceback`` (the failing rank's traceback text,
+    when it raised).
+    """
+
+    def __init__(self, message: str, rank: Optional[int] = None, exit_code: int = 1,
+                 remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
+        self.remote_traceback = remote_traceback
+
+
+class _Collector:
+    """Takes the marked result lines out of the job's output."""
+
+    def __init__(self) -> None:
+        self.chunks: Dict[int, Dict[int, str]] = {}
+        self.meta: Dict[int, Tuple[bool, int, int]] = {}  # rank -> (ok, count, crc)
+
+    def __call__(self, line: Line) -> bool:
+        if line.rank is None or not line.text.startswith(task.RESULT_MARKER):
+            return False
+        rank, ok, idx, count, crc, chunk = task.parse_line(line.text)
+        self.chunks.setdefault(rank, {})[idx] = chunk
+        self.meta[rank] = (ok, count, crc)
+        return True
+
+    def result(self, rank: int) -> Optional[Tuple[bool, Any]]:
+        """``(ok, value)`` of a rank, or None when it sent nothing complete."""
+        if rank not in self.meta:
+            return None
+        ok, count, crc = self.meta[rank]
+        parts = self.chunks[rank]
+        if len(parts) != count:
+            return None
+        import zlib
+
+        data = "".join(parts[i] for i in range(count))
+        if zlib.crc32(data.encode("ascii")) != crc:
+            return None
+        return ok, task.decode(data)
+
+
+def _launcher_argv(np: int, hosts: Optional[str], hostfile: Optional[str],
+                   options: Mapping[str, Any], command: Sequence[str]) -> List[str]:
+    argv = ["-np", str(np)]
+    if hosts:
+        argv += ["-H", hosts]
+    if hostfile:
+        argv += ["--hostfile", hostfile]
+    flags = {"start_timeout": "--start-timeout", "ssh_port": "--ssh-port",
+             "ssh_identity_file": "--ssh-identity-file",
+             "network_interface": "--network-interface", "mpi_args": "--mpi-args",
+             "output_filename": "--output-filename"}
+    for key, flag in flags.items():
+        if options.get(key) not in (None, ""):
+            argv += [flag + "=" + str(options[key])]
+    if options.get("disable_cache"):
+        argv.append("--disable-cache")
+    if options.get("verbose"):
+        argv.append("--verbose")
+    return argv + ["--"] + list(command)
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any] = (),
+        kwargs: Optional[Mapping[str, Any]] = None, np: int = 1,
+        hosts: Optional[str] = None, *, hostfile: Optional[str] = None,
+        start_timeout: Optional[int] = None, ssh_port: Optional[int] = None,
+        ssh_identity_file: Optional[str] = None, network_interface: Optional[str] = None,
+        mpi_args: Optional[str] = None, output_filename: Optional[str] = None,
+        disable_cache: Optional[bool] = None, verbose: bool = False,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        executable: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None, stdout: Optional[TextIO] = None,
+        stderr: Optional[TextIO] = None,
+        **elastic: Any) -> List[Any]:
+    """Runs ``fn(*args, **kwargs)`` on ``np`` ranks and returns the list of
+    their return values, indexed by rank.
+
+    ``fn`` usually calls ``hvd.init()`` itself.  It, its arguments and its
+    results travel pickled (with cloudpickle when installed, so functions
+    defined in a script or a notebook work; otherwise ``fn`` must be
+    importable by module name on every host).  The other arguments are
+    ``tfhvdrun``'s: ``hosts="a:2,b:2"``, ``hostfile``, ``start_timeout``,
+    ``ssh_port``, ``ssh_identity_file``, ``network_interface``, ``mpi_args``,
+    ``output_filename``, ``verbose``; ``env`` replaces the environment the
+    ranks start from (default: this process's); ``executable`` is the Python
+    to run on the ranks (default: this one); after ``timeout`` seconds the
+    job is stopped.
+
+    Raises :class:`RunError` naming the rank that failed first (its
+    traceback in ``remote_traceback``), or ``ValueError`` for arguments that
+    cannot run (bad host list, ``np`` larger than the slots, no mpirun,
+    unreachable host).
+    """
+    unsupported = sorted(k for k, v in elastic.items() if v is not None)
+    if unsupported:
+        raise TypeError("tfhvd.run() does not support %s (tfhvd has no elastic mode)"
+                        % ", ".join(unsupported))
+    if use_gloo:
+        raise ValueError("tfhvd.run(use_gloo=True): tfhvd has no Gloo controller; it runs "
+                         "over MPI")
+    if use_mpi is False:
+        raise ValueError("tfhvd.run(use_mpi=False): MPI is the only controller tfhvd has")
+    if not callable(fn):
+        raise TypeError("tfhvd.run() needs a function, got %r" % (fn,))
+    base_env = dict(os.environ if env is None else env)
+    try:
+        call = task.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as e:
+        raise TypeError("tfhvd.run() cannot pickle %r with its arguments: %s (install "
+                        "cloudpickle to send lambdas and closures)" % (fn, e)) from e
+    sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
+    payload = task.encode({"call": call, "sys_path": sys_path})
+    payload_file = None
+    if len(payload) > _ENV_PAYLOAD_LIMIT:
+        fd, payload_file = tempfile.mkstemp(prefix="tfhvd-run-", suffix=".payload")
+        with os.fdopen(fd, "w") as f:
+            f.write(payload)
+        base_env[task.PAYLOAD_FILE_ENV] = payload_file
+        base_env.pop(task.PAYLOAD_ENV, None)
+    else:
+        base_env[task.PAYLOAD_ENV] = payload
+    command = [executable or sys.executable, "-m", "tfhvd.runner.task"]
+    options = dict(start_timeout=start_timeout, ssh_port=ssh_port,
+                   ssh_identity_file=ssh_identity_file, network_interface=network_interface,
+                   mpi_args=mpi_args, output_filename=output_filename,
+                   disable_cache=disable_cache, verbose=verbose)
+    argv = _launcher_argv(np, hosts, hostfile, options, command)
+    try:
+        try:
+            cmd = prepare(argv, base_env)
+        except (UsageError, HostError) as e:
+            raise ValueError("tfhvd.run(): %s" % e) from None
+        except LaunchError as e:
+            raise ValueError(str(e).replace("tfhvdrun: ", "tfhvd.run(): ", 1)) from None
+        if verbose:
+            print("tfhvd.run(): " + " ".join(cmd), file=stderr or sys.stderr, flush=True)
+        collector = _Collector()
+        tracker = FailureTracker()
+        parsed = parse_args(argv)
+        code = run_job(cmd, job_env(base_env, parsed), stdout=stdout, stderr=stderr,
+                       on_line=collector, tracker=tracker, timeout=timeout,
+                       output_dir=os.path.abspath(output_filename) if output_filename else None)
+    finally:
+        if payload_file:
+            os.unlink(payload_file)
+    return _results(collector, tracker, np, code)
+
+
+def _results(collector: _Collector, tracker: FailureTracker, np: int, code: int) -> List[Any]:
+    values: List[Any] = []
+    failures: List[Tuple[int, Dict[str, str]]] = []
+    missing: List[int] = []
+    for rank in range(np):
+        r = collector.result(rank)
+        if r is None:
+            missing.append(rank)
+        elif not r[0]:
+            failures.append((rank, r[1]))
+        else:
+            values.append(r[1])
+    if not failures and not missing and code == 0:
+        return values
+    culprit = tracker.culprit()
+    first = culprit[0][0] if culprit else None
+    if failures:
+        # Prefer the rank the output shows failing first, among those that raised.
+        rank, info = next(((r, i) for r, i in failures if r == first), failures[0])
+        raise RunError("tfhvd.run(): rank %d raised %s: %s" % (rank, info["type"],
+                                                                info["message"]),
+                       rank=rank, exit_code=code or 1, remote_traceback=info["traceback"])
+    if missing:
+        why = " (rank %d %s)" % (first, culprit[1]) if culprit else ""
+        raise RunError("tfhvd.run(): the job ended with exit code %d and rank%s %s sent no "
+                       "result%s" % (code, "" if len(missing) == 1 else "s",
+                                     ", ".join(map(str, missing)), why),
+                       rank=first if first is not None else missing[0], exit_code=code)
+    raise RunError("tfhvd.run(): every rank returned, but the job ended with exit code %d"
+                   % code, exit_code=code)

@@ -1,0 +1,223 @@
+"""Reading mpirun's output: per-rank lines, and which rank failed first.
+
+``mpirun --tag-output`` prefixes every chunk a rank writes with
+``[jobid,rank]<stdout>:``.  A rank's line can arrive in several chunks with
+other ranks' chunks in between (``[1,0]<stdout>:0[1,1]<stdout>:1 vm\\n``), so
+:class:`Demux` reassembles each rank's lines from the tags before anything
+reads them.
+
+:class:`FailureTracker` then reads those lines for the first failure.
+mpirun's own summary names the first process that *exited*, which is often a
+rank that was only a victim: when rank 1 raises, rank 0's pending collective
+fails ("ranks [1] have shut down") and rank 0 may exit first.  The tracker
+tells causes from consequences by what tfhvd's errors say.
+"""
+
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+TAG_RE = re.compile(r"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
+
+# Errors that are the *consequence* of another rank's failure.  Each pattern
+# may capture the ranks that caused it.
+_CONSEQUENCES = [
+    re.compile(r"ranks? \[([\d, ]+)\] (?:have|has) (?:shut down|exited|lost)"),
+    re.compile(r"ranks? \[([\d, ]+)\] (?:never submitted|did not shut down)"),
+    re.compile(r"the coordinator \(rank (0)\) (?:has shut down|exited|lost)"),
+    re.compile(r"shut down while this collective was pending()"),
+    re.compile(r"tfhvd has been shut down()"),
+]
+_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exiting\s+"
+                       r"improperly")
+_SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal "
+                       r"(\d+)(?: \(([^)]*)\))?")
+_FIRST_EXIT_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_STALL_ITEM = re.compile(r"'(.+)' waited (\d+) s; missing ranks \[([\d, ]*)\]")
+# Lines at column 0 inside a traceback that are not its exception line.
+_TB_CHAIN = ("During handling of the above exception", "The above exception was the direct")
+
+
+@dataclass
+class Line:
+    """One complete line of output."""
+
+    rank: Optional[int]  # None: mpirun's own output
+    stream: str          # "stdout", "stderr" or "stddiag"
+    text: str            # without the newline
+    tag: str = ""        # the original tag, e.g. "[1,0]<stdout>:"
+
+    def render(self) -> str:
+        """The line as mpirun would print it, tag included, with a newline."""
+        return "%s%s\n" % (self.tag, self.text)
+
+
+class Demux:
+    """Turns mpirun's tagged output (one raw line at a time, as read from its
+    pipe) into whole per-rank :class:`Line` objects."""
+
+    def __init__(self, stream: str) -> None:
+        self._stream = stream
+        self._partial: Dict[Tuple[int, str], List[str]] = {}
+        self._tags: Dict[Tuple[int, str], str] = {}
+
+    def feed(self, raw: str) -> List[Line]:
+        """Consumes one raw line (ending in a newline unless at EOF)."""
+        out: List[Line] = []
+        pos = 0
+        owner: Optional[Tuple[int, str]] = None
+        pieces: List[Tuple[Optional[Tuple[int, str]], str]] = []
+        for m in TAG_RE.finditer(raw):
+            pieces.append((owner, raw[pos:m.start()]))
+            owner = (int(m.group(2)), m.group(3))
+            self._tags[owner] = m.group(0)
+            pos = m.end()
+        pieces.append((owner, raw[pos:]))
+        last = len(pieces) - 1
+        for i, (who, text) in enumerate(pieces):
+            ends = i == last and text.endswith("\n")
+            if who is None:
+                if text.strip("\n") or ends and i == 0:
+                    out.append(Line(None, self._stream, text.rstrip("\n")))
+                continue
+            self._partial.setdefault(who, []).append(text.rstrip("\n") if ends else text)
+            if ends:
+                out.append(Line(who[0], who[1], "".join(self._partial.pop(who)),
+                                self._tags[who]))
+        return out
+
+    def flush(self) -> List[Line]:
+        """Whatever is left when the pipe closes (lines without a newline)."""
+        out = [Line(who[0], who[1], "".join(parts), self._tags[who])
+               for who, parts in self._partial.items() if "".join(parts)]
+        self._partial.clear()
+        return out
+
+
+@dataclass
+class _RankError:
+    seq: int
+    rank: int
+    text: str            # "ErrorName: message"
+    caused_by: List[int] = field(default_factory=list)
+    consequence: bool = False
+
+
+class FailureTracker:
+    """Watches a job's lines and names the rank that failed first.
+
+    Thread-safe: the stdout and stderr readers feed it concurrently.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._in_tb: Dict[int, bool] = {}
+        self._errors: List[_RankError] = []
+        self._signaled: List[Tuple[int, int, str, str]] = []  # rank, signal, name, node
+        self._prev = ""  # mpirun's previous line
+        self._first_exit: Optional[int] = None
+        self._first_exit_code: Optional[int] = None
+        self._stalls: Dict[str, Tuple[int, str]] = {}  # tensor -> (seconds, missing ranks)
+
+    def feed(self, line: Line) -> None:
+        with self._lock:
+            self._seq += 1
+            if line.rank is None:
+                self._mpirun_line(line.text)
+            elif line.stream == "stderr":  # Python and tfhvd write errors there
+                self._rank_line(line.rank, line.text)
+
+    def _mpirun_line(self, text: str) -> None:
+        # mpirun wraps its messages: match across the previous line too.
+        both = self._prev + " " + text
+        self._prev = text
+        seen = {r for r, _, _, _ in self._signaled}
+        m = _SIGNALED.search(both)
+        if m and int(m.group(1)) not in seen:
+            self._signaled.append((int(m.group(1)), int(m.group(3)), m.group(4) or "",
+                                   m.group(2)))
+        m = _IMPROPER.search(both)
+        if m and int(m.group(1)) not in seen:
+            self._signaled.append((int(m.group(1)), 0, "exited without finalizing", m.group(2)))
+        m = _FIRST_EXIT_NAME.search(text)
+        if m and self._first_exit is None:
+            self._first_exit = int(m.group(1))
+        m = _EXIT_CODE.search(text)
+        if m and self._first_exit_code is None:
+            self._first_exit_code = int(m.group(1))
+
+    def _rank_line(self, rank: int, text: str) -> None:
+        m = _STALL_ITEM.search(text)
+        if m:
+            self._stalls[m.group(1)] = (int(m.group(2)), m.group(3))
+        if text.rstrip().endswith("Traceback (most recent call last):"):
+            self._in_tb[rank] = True
+            return
+        if not self._in_tb.get(rank) or text[:1] in (" ", "\t", ""):
+            return
+        if text.startswith(_TB_CHAIN):
+            return
+        self._in_tb[rank] = False
+        err = _RankError(self._seq, rank, text.strip())
+        for pat in _CONSEQUENCES:
+            c = pat.search(text)
+            if c:
+                err.consequence = True
+                err.caused_by = [int(x) for x in re.findall(r"\d+", c.group(1))]
+                break
+        self._errors.append(err)
+
+    def stalls(self) -> Dict[str, Tuple[int, str]]:
+        """Tensors the stall inspector reported: name -> (seconds, missing ranks)."""
+        with self._lock:
+            return dict(self._stalls)
+
+    def culprit(self) -> Optional[Tuple[List[int], str]]:
+        """``(ranks, why)`` for the failure that started it all, or None."""
+        with self._lock:
+            causes = [e for e in self._errors if not e.consequence]
+            if causes:
+                e = causes[0]
+                return [e.rank], "raised %s" % _short(e.text)
+            if self._signaled:
+                rank, sig, name, node = self._signaled[0]
+                if sig == 0:
+                    return [rank], "%s on %s" % (name, node)
+                return [rank], "was killed by signal %d%s on %s" % (
+                    sig, " (%s)" % name if name else "", node)
+            for e in self._errors:
+                if e.caused_by:
+                    return e.caused_by, "stopped taking part: rank %d reported %s" % (
+                        e.rank, _short(e.text))
+            if self._first_exit is not None:
+                code = self._first_exit_code
+                return [self._first_exit], "exited%s first" % (
+                    "" if code is None else " with code %d" % code)
+            return None
+
+    def summary(self, exit_code: int) -> str:
+        """The lines ``tfhvdrun`` prints after a failed job."""
+        lines = ["tfhvdrun: the job failed (exit code %d)." % exit_code]
+        who = self.culprit()
+        if who is not None:
+            ranks, why = who
+            lines.append("tfhvdrun: %s %s %s." % ("rank" if len(ranks) == 1 else "ranks",
+                                                ", ".join(map(str, ranks)), why))
+        for name, (secs, missing) in sorted(self.stalls().items()):
+            lines.append("tfhvdrun: stalled collective %r: ranks [%s] missing after %d s."
+                         % (name, missing, secs))
+        with self._lock:
+            victims = [e for e in self._errors if e.consequence]
+        for e in victims[:4]:
+            lines.append("tfhvdrun: rank %d then failed: %s" % (e.rank, _short(e.text)))
+        return "\n".join(lines)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    # TensorFlow wraps runtime errors in "{{function_node ...}} msg [Op:...]".
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:\w+\](?:\s*name:.*)?$", "", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
