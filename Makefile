@@ -23,7 +23,24 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi demo test test-core test-single test-parallel clean
+.PHONY: setup mpi demo test test-core test-single test-parallel test-integration clean \
+	gpu-deps gpu-build test-gpu-build test-gpu docker-check
+
+# The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
+# CPU library above stays as it is.  Its CUDA runtime and NCCL wheels go to
+# GPU_DEPS (pip --target), found through PYTHONPATH like an installed
+# tensorflow[and-cuda] would be.  A machine without a CUDA 12 nvcc (this one
+# has CUDA 13's) compiles the .cu files with the nvcc it has, as a
+# compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); set TFHVD_CUDA_HOME to
+# a CUDA 12 toolkit for a library to run.
+GPU_BUILD_DIR ?= build-gpu
+GPU_DEPS := $(VENV)/gpu-deps
+GPU_DEPS_STAMP := $(GPU_DEPS)/.tfhvd-gpu-deps
+GPU_LIB := $(GPU_BUILD_DIR)/lib/tfhvd/tfhvd_ops.so
+GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_OPERATIONS=NCCL \
+	TFHVD_CUDA_COMPILE_CHECK=$${TFHVD_CUDA_COMPILE_CHECK:-1} TFHVD_BUILD_DIR=$(abspath $(GPU_BUILD_DIR))
+GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
+	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py')
 
 setup: mpi $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
@@ -58,7 +75,7 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 demo: setup
 	$(MPIRUN) -np 2 $(PY) examples/tensorflow_digits.py --epochs 5
 
-test: setup test-core test-single test-parallel
+test: setup test-core test-single test-parallel test-integration test-gpu-build docker-check
 	@echo "== all tests passed"
 
 test-core: setup
@@ -77,5 +94,55 @@ test-parallel: setup
 	@echo "== parallel tests under mpirun -np 3"
 	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 
+# Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
+# multi-node (two network namespaces with sshd; needs root, else it skips).
+test-integration: setup
+	@echo "== integration tests: tfhvdrun, faults, timeline, multi-node"
+	@bash scripts/install_sshd.sh || echo "(no sshd: the multi-node test will skip)"
+	timeout --signal=KILL 1800 $(PY) -m pytest -q --color=no -p no:cacheprovider tests/integration
+
+gpu-deps: $(GPU_DEPS_STAMP)
+$(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)
+	TFHVD_PIP_TARGET=$(GPU_DEPS) PYTHON=$(PY) docker/install_gpu_wheels.sh
+	@touch $@
+
+gpu-build: setup $(GPU_LIB)
+$(GPU_LIB): $(GPU_SOURCES) $(NATIVE_SOURCES) setup.py $(GPU_DEPS_STAMP) docker/build_tfhvd.sh
+	@echo "== building the GPU variant in $(GPU_BUILD_DIR) (TFHVD_GPU_OPERATIONS=NCCL)"
+	$(GPU_ENV) TFHVD_INSTALL=0 TFHVD_LIB_DIR=$(abspath $(GPU_BUILD_DIR))/lib docker/build_tfhvd.sh
+	@touch $@
+
+# On a CPU machine: the GPU library loads, reports NCCL, registers GPU
+# kernels and still runs CPU collectives; the harness and tests/gpu say why
+# they skip.  On a GPU machine the same commands run the GPU checks.
+test-gpu-build: gpu-build
+	@echo "== GPU build checks"
+	$(TIMEOUT) $(GPU_BUILD_DIR)/tfhvd_nccl_harness
+	@# The GPU machine's script, MPI-free variant: builds, then exits 3 (no GPU here).
+	rc=0; PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_HARNESS_LOOPBACK=1 $(TIMEOUT) \
+	  tests/gpu/device_check.sh >$(GPU_BUILD_DIR)/device_check.out 2>&1 || rc=$$?; \
+	  tail -n 4 $(GPU_BUILD_DIR)/device_check.out; test $$rc = 3
+	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib PYTHON=$(abspath $(PY)) $(TIMEOUT) docker/check_image.sh
+	@# -P: the source tree's tfhvd/ (CPU library) must not shadow the GPU build.
+	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 \
+	  tests/parallel/run_rank.sh $(PY) -P -m pytest -q -rs --color=no -p no:cacheprovider \
+	  tests/gpu tests/parallel/test_collectives.py -k "gpu or test_allreduce"
+
+# On a GPU machine: every GPU test, one process and one process per GPU.
+test-gpu: gpu-build
+	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(PY) -P -m pytest -q -rs --color=no \
+	  -p no:cacheprovider tests/gpu
+	n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); if [ "$${n:-0}" -gt 1 ]; then \
+	  PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(MPIRUN) -np $$n \
+	  tests/parallel/run_rank.sh $(PY) -P -m pytest -q -rs --color=no -p no:cacheprovider tests/gpu; fi
+
+# The Dockerfile's lint and its install scripts, in CPU mode on this machine
+# (make gpu-build and test-gpu-build run the rest of docker/).
+docker-check: $(DEPS_STAMP)
+	@echo "== Dockerfile: hadolint, versions, install scripts in CPU mode"
+	PYTHON=$(PY) docker/lint.sh
+	PYTHON=$(PY) docker/install_system.sh
+	PYTHON=$(PY) TFHVD_GPU=0 docker/install_python_deps.sh
+
 clean:
-	rm -rf $(BUILD_DIR) $(LIB) *.egg-info
+	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR) $(LIB) *.egg-info

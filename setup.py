@@ -7,6 +7,7 @@ that the library links the same TensorFlow it will run with (``make setup``
 does this for you).
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -34,6 +35,26 @@ def read_version() -> str:
     with open(os.path.join(ROOT, "tfhvd", "version.py")) as f:
         exec(f.read(), scope)
     return scope["__version__"]
+
+
+def gpu_cmake_args(tf) -> list:
+    """CMake arguments of the GPU build (TFHVD_GPU_OPERATIONS=NCCL and friends,
+    read by tfhvd_ops/gpu_config.py), or of a CPU-only build."""
+    spec = importlib.util.spec_from_file_location(
+        "tfhvd_gpu_config", os.path.join(ROOT, "tfhvd_ops", "gpu_config.py"))
+    gpu_config = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gpu_config  # dataclasses look their module up
+    spec.loader.exec_module(gpu_config)
+    info = tf.sysconfig.get_build_info()
+    try:
+        cfg = gpu_config.configure(os.environ, info.get("cuda_version"),
+                                   tf.sysconfig.get_include())
+    except gpu_config.GpuConfigError as e:
+        sys.exit(str(e))
+    if cfg is None:
+        return ["-DTFHVD_WITH_NCCL=OFF"]
+    print(cfg.summary(), flush=True)
+    return cfg.cmake_args()
 
 
 class CMakeExtension(Extension):
@@ -73,7 +94,7 @@ class CMakeBuild(build_ext):
             "-DTF_LINK_FLAGS=" + lflags,
             "-DTFHVD_OUTPUT_DIR=" + build_dir,
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("TFHVD_BUILD_TYPE", "Release"),
-        ]
+        ] + gpu_cmake_args(tf)
         stamp = os.path.join(build_dir, "tfhvd-configure-args")
         old = open(stamp).read() if os.path.exists(stamp) else None
         if old != "\n".join(args) or not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
@@ -102,5 +123,11 @@ setup(
     ext_modules=[CMakeExtension("tfhvd.tfhvd_ops")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=read_requirements(),
+    entry_points={
+        "console_scripts": [
+            "tfhvdrun = tfhvd.runner.launch:main",
+            "tfhvd-timeline = tfhvd.runner.timeline_cli:main",
+        ],
+    },
     zip_safe=False,
 )

@@ -166,7 +166,8 @@ def find_nccl(env: Mapping[str, str], find_spec: Callable = importlib.util.find_
     if home:
         if not os.path.exists(os.path.join(home, "include", "nccl.h")):
             raise GpuConfigError("tfhvd: %s=%s has no include/nccl.h; point it at an NCCL "
-                                 "install (with include/ and lib/)" % (_var(env, "NCCL_HOME"), home))
+                                 "install (with include/ and lib/)"
+                                 % (_var(env, "NCCL_HOME"), home))
         roots.append((home, _var(env, "NCCL_HOME")))
     for d in _wheel_dirs("nvidia.nccl", find_spec):
         roots.append((d, "the nvidia-nccl-cu12 wheel"))

@@ -93,7 +93,9 @@ __global__ void BatchedScaledCopy(const CopyBatch batch) {
 int LaunchBatchedScaledCopy(const CopyBatch& batch, void* stream) {
   if (batch.n <= 0) return 0;
   int64_t most = 0;
-  for (int i = 0; i < batch.n; ++i) most = batch.tasks[i].count > most ? batch.tasks[i].count : most;
+  for (int i = 0; i < batch.n; ++i) {
+    if (batch.tasks[i].count > most) most = batch.tasks[i].count;
+  }
   if (most == 0) return 0;
   int64_t blocks = (most + kThreads - 1) / kThreads;
   dim3 grid(static_cast<unsigned>(blocks < kMaxBlocksPerTask ? blocks : kMaxBlocksPerTask),

@@ -141,7 +141,8 @@ Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclCo
     std::string failed;
     for (int r = 0; r < nranks; ++r) {
       const char* m = &all[static_cast<size_t>(r) * kInitMessageBytes];
-      if (m[0] != '\0') failed += (failed.empty() ? "" : "; ") + std::string(m, strnlen(m, kInitMessageBytes));
+      if (m[0] == '\0') continue;
+      failed += (failed.empty() ? "" : "; ") + std::string(m, strnlen(m, kInitMessageBytes));
     }
     if (failed.empty()) return Status::OK();
     return Status::Internal(std::string("tfhvd: creating the NCCL communicator (") + what +
@@ -154,8 +155,8 @@ Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclCo
   st = NcclStatus(ncclCommInitRank(comm, nranks, id, rank), "ncclCommInitRank", topo_.rank,
                   device_, nullptr);
   Status all = agree(st.ok() ? std::string() : st.message());
-  if (!all.ok() && *comm != nullptr) {
-    ncclCommDestroy(*comm);
+  if (!all.ok() && *comm != nullptr) {  // a peer failed: do not wait for it
+    ncclCommAbort(*comm);
     *comm = nullptr;
   }
   return all;

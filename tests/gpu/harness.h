@@ -1,0 +1,97 @@
+// The TensorFlow-free harness of the NCCL backend: device tensors and op
+// contexts that stand in for a framework's, a way to run entries through
+// the real runtime (negotiation, fusion, executor, NCCL collectives) and
+// wait for them, and a tiny check registry.  harness_checks.cc holds the
+// checks and the bandwidth table; nccl_harness.cc is main().
+#ifndef TFHVD_TESTS_GPU_HARNESS_H_
+#define TFHVD_TESTS_GPU_HARNESS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../tfhvd_ops/core/common.h"
+
+namespace harness {
+
+namespace core = ::tfhvd;
+
+// A tensor in device memory (or host memory when device < 0).
+class Buffer : public core::Tensor {
+ public:
+  Buffer(core::DataType dt, core::Shape shape, int device);
+  ~Buffer() override;
+  core::DataType dtype() const override { return dtype_; }
+  const core::Shape& shape() const override { return shape_; }
+  const void* data() const override { return data_; }
+  void* mutable_data() override { return data_; }
+  int64_t size_bytes() const override { return bytes_; }
+  std::shared_ptr<core::ReadyEvent> ready_event() const override { return event_; }
+  void set_ready_event(std::shared_ptr<core::ReadyEvent> e) { event_ = std::move(e); }
+  int device() const { return device_; }
+
+  // Element i as a double, and back (any dtype; copies through the host).
+  std::vector<double> Read() const;
+  void Write(const std::vector<double>& values);
+
+ private:
+  core::DataType dtype_;
+  core::Shape shape_;
+  int device_;
+  int64_t bytes_ = 0;
+  void* data_ = nullptr;
+  std::shared_ptr<core::ReadyEvent> event_;
+};
+
+// Allocates outputs on the tensor's device, except output 1 (alltoall's
+// received splits), which a framework keeps in host memory.
+class Context : public core::OpContext {
+ public:
+  Context(int device, core::DataType dtype) : device_(device), dtype_(dtype) {}
+  core::Status AllocateOutput(int index, const core::Shape& shape,
+                              std::shared_ptr<core::Tensor>* out) override;
+  std::vector<std::shared_ptr<core::Tensor>> outputs;
+
+ private:
+  int device_;
+  core::DataType dtype_;
+};
+
+struct Op {
+  std::string name;
+  core::CollectiveParams params;
+  std::shared_ptr<Buffer> input;
+  std::shared_ptr<Buffer> output;          // preallocated for allreduce/broadcast
+  std::shared_ptr<Context> context;
+  core::Status status;
+};
+
+// Makes an op on `device` for `input`; allreduce and broadcast get an output
+// of the same shape.
+Op MakeOp(const std::string& name, core::CollectiveType type, std::shared_ptr<Buffer> input);
+// Enqueues the ops as one group and waits for every callback.
+core::Status Run(std::vector<Op*> ops);
+// The output after Run: the preallocated one, or the first allocated.
+std::shared_ptr<core::Tensor> Output(const Op& op, int index = 0);
+std::vector<double> ReadTensor(const core::Tensor& t);
+
+struct Env {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int device = 0;
+  bool hierarchical = false;
+};
+
+// Checks: each returns "" on success or what went wrong.
+using Check = std::function<std::string(const Env&)>;
+void AddChecks(std::vector<std::pair<std::string, Check>>* checks);
+void Bench(const Env& env, int iters);
+
+}  // namespace harness
+
+#endif  // TFHVD_TESTS_GPU_HARNESS_H_

@@ -1,0 +1,340 @@
+// The harness's checks (every op on device tensors, through the real runtime)
+// and the allreduce bandwidth table (tfhvd against the raw NCCL call).
+#include <nccl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "../../tfhvd_ops/backends/nccl/gpu_events.h"
+#include "../../tfhvd_ops/core/backend.h"
+#include "../../tfhvd_ops/core/c_api.h"
+#include "../../tfhvd_ops/core/runtime.h"
+#include "harness.h"
+
+namespace harness {
+namespace {
+
+using core::CollectiveType;
+using core::DataType;
+
+// Small integers: exact in every dtype, sums stay exact for many ranks.
+double Value(int rank, int64_t i) { return (rank + 1) + static_cast<double>(i % 5); }
+
+std::shared_ptr<Buffer> Filled(DataType dt, core::Shape shape, int device, int rank) {
+  auto b = std::make_shared<Buffer>(dt, shape, device);
+  std::vector<double> v(core::NumElements(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = Value(rank, i);
+  b->Write(v);
+  return b;
+}
+
+std::string Compare(const std::vector<double>& got, const std::vector<double>& want,
+                    double tol = 1e-3) {
+  if (got.size() != want.size()) {
+    return "got " + std::to_string(got.size()) + " elements, want " + std::to_string(want.size());
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::fabs(got[i] - want[i]) > tol * (1 + std::fabs(want[i]))) {
+      std::ostringstream o;
+      o << "element " << i << ": got " << got[i] << ", want " << want[i];
+      return o.str();
+    }
+  }
+  return "";
+}
+
+std::string Failed(const core::Status& st) { return st.ok() ? "" : st.message(); }
+
+std::string AllreduceCheck(const Env& env, DataType dt, core::ReduceOp op, double pre,
+                           double post, int64_t n) {
+  auto in = Filled(dt, {n}, env.device, env.rank);
+  Op o = MakeOp(std::string("allreduce.") + core::DataTypeName(dt) + "." + core::ReduceOpName(op),
+                CollectiveType::kAllreduce, in);
+  o.params.reduce_op = op;
+  o.params.prescale = pre;
+  o.params.postscale = post;
+  std::string why = Failed(Run({&o}));
+  if (!why.empty()) return why;
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = op == core::ReduceOp::kProduct ? 1 : (op == core::ReduceOp::kMin ? 1e30 : 0);
+    if (op == core::ReduceOp::kMax) acc = -1e30;
+    for (int r = 0; r < env.size; ++r) {
+      double v = Value(r, i) * pre;
+      if (op == core::ReduceOp::kMin) acc = std::min(acc, v);
+      else if (op == core::ReduceOp::kMax) acc = std::max(acc, v);
+      else if (op == core::ReduceOp::kProduct) acc *= v;
+      else acc += v;
+    }
+    if (op == core::ReduceOp::kAverage) acc /= env.size;
+    want[i] = acc * post;
+    if (!core::IsFloatingPoint(dt)) want[i] = std::trunc(want[i]);
+  }
+  return Compare(ReadTensor(*Output(o)), want);
+}
+
+std::string Fused(const Env& env, int tensors) {
+  std::vector<Op> ops;
+  for (int t = 0; t < tensors; ++t) {
+    int64_t n = 1 + (t * 977) % 5000;
+    Op o = MakeOp("fused." + std::to_string(tensors) + "." + std::to_string(t),
+                  CollectiveType::kAllreduce,
+                  Filled(DataType::kFloat32, {n}, env.device, env.rank));
+    o.params.reduce_op = core::ReduceOp::kAverage;
+    o.params.prescale = 2.0;
+    ops.push_back(std::move(o));
+  }
+  std::vector<Op*> ptrs;
+  for (Op& o : ops) ptrs.push_back(&o);
+  std::string why = Failed(Run(ptrs));
+  for (Op& o : ops) {
+    if (!why.empty()) break;
+    std::vector<double> want(core::NumElements(o.params.shape), 0);
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (int r = 0; r < env.size; ++r) want[i] += 2.0 * Value(r, i) / env.size;
+    }
+    why = Compare(ReadTensor(*Output(o)), want);
+  }
+  return why;
+}
+
+std::string Allgather(const Env& env) {
+  Op o = MakeOp("allgather", CollectiveType::kAllgather,
+                Filled(DataType::kFloat32, {env.rank + 1, 3}, env.device, env.rank));
+  std::string why = Failed(Run({&o}));
+  if (!why.empty()) return why;
+  std::vector<double> want;
+  for (int r = 0; r < env.size; ++r) {
+    for (int64_t i = 0; i < (r + 1) * 3; ++i) want.push_back(Value(r, i));
+  }
+  return Compare(ReadTensor(*Output(o)), want);
+}
+
+std::string Broadcast(const Env& env, DataType dt) {
+  const int root = env.size - 1;
+  Op o = MakeOp(std::string("broadcast.") + core::DataTypeName(dt), CollectiveType::kBroadcast,
+                Filled(dt, {1000}, env.device, env.rank));
+  o.params.root_rank = root;
+  std::string why = Failed(Run({&o}));
+  if (!why.empty()) return why;
+  std::vector<double> want(1000);
+  for (int64_t i = 0; i < 1000; ++i) want[i] = Value(root, i);
+  return Compare(ReadTensor(*Output(o)), want);
+}
+
+int Rows(int from, int to) { return (from + to) % 3; }  // alltoall rows from -> to
+
+std::string Alltoall(const Env& env) {
+  int64_t rows = 0;
+  std::vector<int32_t> splits;
+  std::vector<double> values;
+  for (int j = 0; j < env.size; ++j) {
+    splits.push_back(Rows(env.rank, j));
+    for (int k = 0; k < Rows(env.rank, j); ++k, ++rows) {
+      values.push_back(env.rank * 1000 + j * 10 + k);
+      values.push_back(-values.back());
+    }
+  }
+  auto in = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{rows, 2}, env.device);
+  in->Write(values);
+  Op o = MakeOp("alltoall", CollectiveType::kAlltoall, in);
+  o.params.splits = splits;
+  std::string why = Failed(Run({&o}));
+  if (!why.empty()) return why;
+  std::vector<double> want, want_splits;
+  for (int j = 0; j < env.size; ++j) {
+    want_splits.push_back(Rows(j, env.rank));
+    for (int k = 0; k < Rows(j, env.rank); ++k) {
+      want.push_back(j * 1000 + env.rank * 10 + k);
+      want.push_back(-want.back());
+    }
+  }
+  why = Compare(ReadTensor(*Output(o, 1)), want_splits);
+  return why.empty() ? Compare(ReadTensor(*Output(o, 0)), want) : "splits: " + why;
+}
+
+std::string Reducescatter(const Env& env, double pre) {
+  const int64_t d0 = env.size * 2 + 1, cols = 3;
+  Op o = MakeOp("reducescatter", CollectiveType::kReducescatter,
+                Filled(DataType::kFloat32, {d0, cols}, env.device, env.rank));
+  o.params.prescale = pre;
+  o.name += pre == 1.0 ? "" : ".scaled";
+  std::string why = Failed(Run({&o}));
+  if (!why.empty()) return why;
+  int64_t first = 0;
+  for (int r = 0; r < env.rank; ++r) first += d0 / env.size + (r < d0 % env.size ? 1 : 0);
+  const int64_t mine = d0 / env.size + (env.rank < d0 % env.size ? 1 : 0);
+  std::vector<double> want;
+  for (int64_t i = first * cols; i < (first + mine) * cols; ++i) {
+    double acc = 0;
+    for (int r = 0; r < env.size; ++r) acc += pre * Value(r, i);
+    want.push_back(acc);
+  }
+  return Compare(ReadTensor(*Output(o)), want);
+}
+
+std::string Expect(const core::Status& st, const std::string& needle) {
+  if (st.ok()) return "succeeded; expected an error containing '" + needle + "'";
+  if (st.message().find(needle) == std::string::npos) {
+    return "error '" + st.message() + "' lacks '" + needle + "'";
+  }
+  return "";
+}
+
+std::string UnsupportedDtype(const Env& env) {
+  Op o = MakeOp("allreduce.int16", CollectiveType::kAllreduce,
+                Filled(DataType::kInt16, {10}, env.device, env.rank));
+  return Expect(Run({&o}), "NCCL cannot reduce int16");
+}
+
+std::string Mixed(const Env& env) {
+  if (env.size < 2) return "";
+  Op o = MakeOp("mixed", CollectiveType::kAllreduce,
+                Filled(DataType::kFloat32, {10}, env.rank == 0 ? -1 : env.device, env.rank));
+  return Expect(Run({&o}), "mixed CPU and GPU tensors");
+}
+
+// The input is written on another ("framework") stream; its ready event
+// must order the collective after that write.
+std::string Ordering(const Env& env) {
+  const int64_t n = 16 << 20;  // 64 MiB of float32: the copy takes a while
+  cudaStream_t fw;
+  cudaStreamCreateWithFlags(&fw, cudaStreamNonBlocking);
+  float* host = nullptr;
+  cudaMallocHost(&host, n * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(Value(env.rank, i));
+  auto in = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
+  cudaMemcpyAsync(in->mutable_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, fw);
+  std::shared_ptr<core::ReadyEvent> ev;
+  core::Status st = core::RecordReadyEvent(env.device, fw, &ev);
+  std::string why = Failed(st);
+  if (why.empty()) {
+    in->set_ready_event(ev);
+    Op o = MakeOp("ordering", CollectiveType::kAllreduce, in);
+    why = Failed(Run({&o}));
+    if (why.empty()) {
+      std::vector<double> got = ReadTensor(*Output(o)), want(n);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int r = 0; r < env.size; ++r) want[i] += Value(r, i);
+      }
+      why = Compare(got, want);
+    }
+  }
+  cudaStreamSynchronize(fw);
+  cudaStreamDestroy(fw);
+  cudaFreeHost(host);
+  return why;
+}
+
+std::string Empty(const Env& env) {
+  Op a = MakeOp("allreduce.empty", CollectiveType::kAllreduce,
+                Filled(DataType::kFloat32, {0}, env.device, env.rank));
+  Op g = MakeOp("allgather.empty", CollectiveType::kAllgather,
+                Filled(DataType::kFloat32, {env.rank % 2, 4}, env.device, env.rank));
+  std::string why = Failed(Run({&a}));
+  if (why.empty()) why = Failed(Run({&g}));
+  return why;
+}
+
+}  // namespace
+
+void AddChecks(std::vector<std::pair<std::string, Check>>* checks) {
+  using core::ReduceOp;
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                      DataType::kFloat64, DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
+    checks->emplace_back(std::string("allreduce sum ") + core::DataTypeName(dt),
+                         [dt](const Env& e) {
+                           return AllreduceCheck(e, dt, ReduceOp::kSum, 1, 1, 1027);
+                         });
+  }
+  for (ReduceOp op : {ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    checks->emplace_back(std::string("allreduce ") + core::ReduceOpName(op), [op](const Env& e) {
+      return AllreduceCheck(e, DataType::kFloat32, op, 1, 1, 1027);
+    });
+  }
+  checks->emplace_back("allreduce prescale/postscale float32", [](const Env& e) {
+    return AllreduceCheck(e, DataType::kFloat32, ReduceOp::kSum, 0.5, 3, 4099);
+  });
+  checks->emplace_back("allreduce prescale/postscale float16", [](const Env& e) {
+    return AllreduceCheck(e, DataType::kFloat16, ReduceOp::kSum, 0.5, 2, 513);
+  });
+  checks->emplace_back("fused allreduce, 5 tensors", [](const Env& e) { return Fused(e, 5); });
+  checks->emplace_back("fused allreduce, 70 tensors (two copy batches)",
+                       [](const Env& e) { return Fused(e, 70); });
+  checks->emplace_back("allgather, uneven rows", Allgather);
+  checks->emplace_back("broadcast float32",
+                       [](const Env& e) { return Broadcast(e, DataType::kFloat32); });
+  checks->emplace_back("broadcast int64",
+                       [](const Env& e) { return Broadcast(e, DataType::kInt64); });
+  checks->emplace_back("alltoall, uneven splits", Alltoall);
+  checks->emplace_back("reducescatter, uneven rows",
+                       [](const Env& e) { return Reducescatter(e, 1); });
+  checks->emplace_back("reducescatter, prescaled",
+                       [](const Env& e) { return Reducescatter(e, 0.25); });
+  checks->emplace_back("empty tensors", Empty);
+  checks->emplace_back("ready event orders the collective after the producer", Ordering);
+  checks->emplace_back("int16 allreduce is a clear error", UnsupportedDtype);
+  checks->emplace_back("mixed CPU and GPU tensors across ranks is a clear error", Mixed);
+}
+
+void Bench(const Env& env, int iters) {
+  auto rt = core::CurrentRuntime();
+  core::Collectives* host = rt->backend()->collectives(-1);
+  core::Collectives* gpu = rt->backend()->collectives(env.device);
+  ncclUniqueId id;
+  if (env.rank == 0) ncclGetUniqueId(&id);
+  host->Broadcast(&id, sizeof(id), 0);
+  ncclComm_t comm;
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (ncclCommInitRank(&comm, env.size, id, env.rank) != ncclSuccess) {
+    std::printf("bench: ncclCommInitRank failed\n");
+    return;
+  }
+  const double factor = env.size > 1 ? 2.0 * (env.size - 1) / env.size : 1.0;
+  if (env.rank == 0) {
+    std::printf("\nallreduce float32, %d rank(s), %d iterations; %s in GB/s\n", env.size, iters,
+                env.size > 1 ? "bus bandwidth (algbw * 2(n-1)/n)"
+                             : "1 rank: algorithm bandwidth (bus bandwidth is 0 by definition)");
+    std::printf("%10s %12s %14s %14s %10s %10s\n", "size", "raw NCCL", "tfhvd backend",
+                "tfhvd runtime", "backend/raw", "runtime/raw");
+  }
+  using Clock = std::chrono::steady_clock;
+  for (int64_t mib : {1, 4, 16, 64, 256}) {
+    const int64_t n = mib * (1 << 20) / 4;
+    auto buf = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
+    cudaMemset(buf->mutable_data(), 0, buf->size_bytes());
+    auto time = [&](const std::function<void()>& f) {
+      f();  // warm-up
+      cudaDeviceSynchronize();
+      host->Barrier();
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) f();
+      cudaDeviceSynchronize();
+      double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+      return mib * (1 << 20) / s / 1e9 * factor;
+    };
+    double raw = time([&] {
+      ncclAllReduce(buf->data(), buf->mutable_data(), n, ncclFloat32, ncclSum, comm, stream);
+    });
+    double backend = time([&] {
+      gpu->Allreduce(nullptr, buf->mutable_data(), n, DataType::kFloat32, core::ReduceOp::kSum);
+      gpu->Synchronize();
+    });
+    double runtime = time([&] {
+      Op o = MakeOp("bench", CollectiveType::kAllreduce, buf);
+      o.output = buf;  // in place, as TF's forwarded input is
+      Run({&o});
+    });
+    if (env.rank == 0) {
+      std::printf("%7ld MiB %12.1f %14.1f %14.1f %10.2f %10.2f\n", static_cast<long>(mib), raw,
+                  backend, runtime, backend / raw, runtime / raw);
+    }
+  }
+  ncclCommDestroy(comm);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace harness

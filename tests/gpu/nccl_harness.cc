@@ -1,0 +1,259 @@
+// tfhvd_nccl_harness: checks tfhvd's NCCL backend without TensorFlow.
+//
+//   tfhvd_nccl_harness [--bench] [--iters N] [--require-gpu]
+//   mpirun -np <GPUs> tfhvd_nccl_harness            (one process per GPU)
+//
+// Without a CUDA device it prints why and exits 0 (3 with --require-gpu), so
+// a CPU machine can still run it to prove that it links and loads.  Each
+// check runs twice: with the flat allreduce and with
+// TFHVD_HIERARCHICAL_ALLREDUCE=1.  The last line is "N passed, N failed".
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "../../tfhvd_ops/core/c_api.h"
+#include "harness.h"
+
+namespace harness {
+
+Buffer::Buffer(core::DataType dt, core::Shape shape, int device)
+    : dtype_(dt), shape_(std::move(shape)), device_(device) {
+  bytes_ = core::NumElements(shape_) * core::DataTypeSize(dt);
+  if (bytes_ == 0) return;
+  if (device_ >= 0) {
+    cudaSetDevice(device_);
+    if (cudaMalloc(&data_, bytes_) != cudaSuccess) data_ = nullptr;
+    if (data_ != nullptr) cudaMemset(data_, 0xff, bytes_);  // garbage until written
+  } else {
+    data_ = std::calloc(1, bytes_);
+  }
+}
+
+Buffer::~Buffer() {
+  if (data_ == nullptr) return;
+  if (device_ >= 0) {
+    cudaFree(data_);
+  } else {
+    std::free(data_);
+  }
+}
+
+namespace {
+
+double Get(const void* p, core::DataType dt, int64_t i) {
+  switch (dt) {
+    case core::DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case core::DataType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case core::DataType::kUInt16: return static_cast<const uint16_t*>(p)[i];
+    case core::DataType::kInt16: return static_cast<const int16_t*>(p)[i];
+    case core::DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case core::DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case core::DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case core::DataType::kFloat64: return static_cast<const double*>(p)[i];
+    case core::DataType::kBool: return static_cast<const uint8_t*>(p)[i];
+    case core::DataType::kFloat16:
+    case core::DataType::kBFloat16: {
+      uint16_t h = static_cast<const uint16_t*>(p)[i];
+      uint32_t bits;
+      if (dt == core::DataType::kBFloat16) {
+        bits = static_cast<uint32_t>(h) << 16;
+      } else {  // normal numbers and zero are all the checks use
+        uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        bits = (h & 0x8000u) << 16 | (e == 0 ? 0 : ((e + 112) << 23 | m << 13));
+      }
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+  }
+  return 0;
+}
+
+void Set(void* p, core::DataType dt, int64_t i, double v) {
+  switch (dt) {
+    case core::DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case core::DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case core::DataType::kUInt16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
+    case core::DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+    case core::DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case core::DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case core::DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case core::DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case core::DataType::kBool: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    case core::DataType::kFloat16:
+    case core::DataType::kBFloat16: {
+      float f = static_cast<float>(v);
+      uint32_t x;
+      std::memcpy(&x, &f, 4);
+      uint16_t h;
+      if (dt == core::DataType::kBFloat16) {
+        h = static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+      } else if ((x & 0x7fffffffu) == 0) {
+        h = static_cast<uint16_t>(x >> 16);
+      } else {  // small integers and halves only: exact
+        h = static_cast<uint16_t>((x >> 16 & 0x8000u) | (((x >> 23 & 0xff) - 112) << 10) |
+                                  (x >> 13 & 0x3ffu));
+      }
+      static_cast<uint16_t*>(p)[i] = h;
+      break;
+    }
+  }
+}
+
+std::vector<double> ReadRaw(const void* data, int64_t bytes, core::DataType dt, int device) {
+  std::vector<char> host(bytes);
+  if (bytes > 0) {
+    if (device >= 0) {
+      cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost);
+    } else {
+      std::memcpy(host.data(), data, bytes);
+    }
+  }
+  const int64_t n = bytes / core::DataTypeSize(dt);
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = Get(host.data(), dt, i);
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> Buffer::Read() const { return ReadRaw(data_, bytes_, dtype_, device_); }
+
+void Buffer::Write(const std::vector<double>& values) {
+  std::vector<char> host(bytes_);
+  for (size_t i = 0; i < values.size(); ++i) Set(host.data(), dtype_, i, values[i]);
+  if (device_ >= 0) {
+    cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice);
+  } else if (bytes_ > 0) {
+    std::memcpy(data_, host.data(), bytes_);
+  }
+}
+
+std::vector<double> ReadTensor(const core::Tensor& t) {
+  auto* b = dynamic_cast<const Buffer*>(&t);
+  return ReadRaw(t.data(), t.size_bytes(), t.dtype(), b ? b->device() : -1);
+}
+
+core::Status Context::AllocateOutput(int index, const core::Shape& shape,
+                                     std::shared_ptr<core::Tensor>* out) {
+  auto b = std::make_shared<Buffer>(index == 1 ? core::DataType::kInt32 : dtype_, shape,
+                                    index == 1 ? -1 : device_);
+  outputs.push_back(b);
+  *out = b;
+  return core::Status::OK();
+}
+
+Op MakeOp(const std::string& name, core::CollectiveType type, std::shared_ptr<Buffer> input) {
+  Op op;
+  op.name = name;
+  op.params.type = type;
+  op.params.dtype = input->dtype();
+  op.params.shape = input->shape();
+  op.params.device = input->device();
+  op.input = input;
+  if (type == core::CollectiveType::kAllreduce || type == core::CollectiveType::kBroadcast) {
+    op.output = std::make_shared<Buffer>(input->dtype(), input->shape(), input->device());
+  }
+  op.context = std::make_shared<Context>(input->device(), input->dtype());
+  return op;
+}
+
+core::Status Run(std::vector<Op*> ops) {
+  std::vector<std::promise<core::Status>> done(ops.size());
+  std::vector<core::TensorTableEntry> entries;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    core::TensorTableEntry e;
+    e.name = ops[i]->name;
+    e.params = ops[i]->params;
+    e.input = ops[i]->input;
+    e.output = ops[i]->output;
+    e.context = ops[i]->context;
+    std::promise<core::Status>* p = &done[i];
+    e.callback = [p](const core::Status& st) { p->set_value(st); };
+    entries.push_back(std::move(e));
+  }
+  core::Status st = core::EnqueueEntries(std::move(entries));
+  if (!st.ok()) return st;
+  core::Status first;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ops[i]->status = done[i].get_future().get();
+    if (!ops[i]->status.ok() && first.ok()) first = ops[i]->status;
+  }
+  return first;
+}
+
+std::shared_ptr<core::Tensor> Output(const Op& op, int index) {
+  if (op.output && index == 0) return op.output;
+  // Allocation order: allgather/reducescatter allocate output 0; alltoall
+  // allocates its splits (1) first, then output 0.
+  if (op.params.type == core::CollectiveType::kAlltoall) {
+    return op.context->outputs.size() > 1 ? op.context->outputs[index == 0 ? 1 : 0] : nullptr;
+  }
+  return op.context->outputs.empty() ? nullptr : op.context->outputs[0];
+}
+
+}  // namespace harness
+
+namespace {
+
+bool Init(bool hierarchical, harness::Env* env) {
+  setenv("TFHVD_HIERARCHICAL_ALLREDUCE", hierarchical ? "1" : "0", 1);
+  char err[1024] = {0};
+  if (tfhvd_init(nullptr, 0, nullptr, err, sizeof(err)) != 0) {
+    std::fprintf(stderr, "tfhvd_init failed: %s\n", err);
+    return false;
+  }
+  env->rank = tfhvd_rank();
+  env->size = tfhvd_size();
+  env->local_rank = tfhvd_local_rank();
+  env->local_size = tfhvd_local_size();
+  env->hierarchical = hierarchical;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool bench = false, require_gpu = false;
+  int iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--bench")) bench = true;
+    if (!std::strcmp(argv[i], "--require-gpu")) require_gpu = true;
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  }
+  std::printf("tfhvd NCCL harness: NCCL built in: %s\n", tfhvd_nccl_built() ? "yes" : "no");
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    std::printf("SKIP: no CUDA device (%s); nothing to check on this machine\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return require_gpu ? 3 : 0;
+  }
+  std::vector<std::pair<std::string, harness::Check>> checks;
+  harness::AddChecks(&checks);
+  int passed = 0, failed = 0;
+  harness::Env env;
+  for (bool hierarchical : {false, true}) {
+    if (!Init(hierarchical, &env)) return 1;
+    env.device = env.local_rank % count;
+    cudaSetDevice(env.device);
+    for (auto& c : checks) {
+      std::string why = c.second(env);
+      if (env.rank == 0 || !why.empty()) {
+        std::printf("%s %s%s%s (rank %d)\n", why.empty() ? "PASS" : "FAIL", c.first.c_str(),
+                    hierarchical ? " [hierarchical]" : "", why.empty() ? "" : (": " + why).c_str(),
+                    env.rank);
+      }
+      (why.empty() ? passed : failed)++;
+    }
+    if (bench && !hierarchical) harness::Bench(env, iters);
+    tfhvd_shutdown();
+  }
+  std::fflush(stdout);
+  tfhvd_finalize();
+  if (env.rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,136 @@
+"""The GPU build's configuration (tfhvd_ops/gpu_config.py): which ops get GPU
+kernels, where CUDA and NCCL are found, and the messages when they are not."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("gpu_config_under_test",
+                                               os.path.join(ROOT, "tfhvd_ops", "gpu_config.py"))
+gc = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = gc
+_spec.loader.exec_module(gc)
+
+
+
+def no_wheel(name):
+    return None
+
+
+def test_no_gpu_variables_means_cpu_build():
+    assert gc.requested_gpu_ops({}) == []
+    assert gc.configure({}) is None
+
+
+def test_gpu_operations_turns_on_every_op_and_per_op_switches_win():
+    assert gc.requested_gpu_ops({"TFHVD_GPU_OPERATIONS": "NCCL"}) == list(gc.OPS)
+    assert gc.requested_gpu_ops({"HOROVOD_GPU_OPERATIONS": "nccl",
+                                 "TFHVD_GPU_BROADCAST": "NONE"}) == [
+        "ALLREDUCE", "ALLGATHER", "ALLTOALL", "REDUCESCATTER"]
+    assert gc.requested_gpu_ops({"HOROVOD_GPU_ALLREDUCE": "NCCL"}) == ["ALLREDUCE"]
+
+
+def test_other_gpu_backends_are_refused_with_the_variable_named():
+    with pytest.raises(gc.GpuConfigError, match="HOROVOD_GPU_ALLREDUCE=MPI.*NCCL only"):
+        gc.requested_gpu_ops({"HOROVOD_GPU_ALLREDUCE": "MPI"})
+
+
+def make_nccl(root, version=(2, 27, 7)):
+    os.makedirs(os.path.join(root, "include"))
+    os.makedirs(os.path.join(root, "lib"))
+    with open(os.path.join(root, "include", "nccl.h"), "w") as f:
+        f.write("#define NCCL_MAJOR %d\n#define NCCL_MINOR %d\n#define NCCL_PATCH %d\n" % version)
+    open(os.path.join(root, "lib", "libnccl.so.2"), "w").close()
+
+
+def test_nccl_missing_says_where_it_looked_and_what_to_set(tmp_path):
+    with pytest.raises(gc.GpuConfigError) as e:
+        gc.find_nccl({}, find_spec=no_wheel, system_roots=(str(tmp_path),))
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "TFHVD_NCCL_HOME" in msg and "nvidia-nccl-cu12" in msg
+
+
+def test_nccl_home_is_used_and_checked(tmp_path):
+    make_nccl(str(tmp_path / "nccl"))
+    found = gc.find_nccl({"HOROVOD_NCCL_HOME": str(tmp_path / "nccl")}, find_spec=no_wheel,
+                         system_roots=())
+    assert found["version"] == "2.27.7" and found["lib"].endswith("libnccl.so.2")
+    with pytest.raises(gc.GpuConfigError, match="TFHVD_NCCL_HOME=.*has no include/nccl.h"):
+        gc.find_nccl({"TFHVD_NCCL_HOME": str(tmp_path)}, find_spec=no_wheel, system_roots=())
+
+
+def test_old_nccl_is_refused(tmp_path):
+    make_nccl(str(tmp_path / "nccl"), (2, 5, 6))
+    with pytest.raises(gc.GpuConfigError, match="too old"):
+        gc.find_nccl({"TFHVD_NCCL_HOME": str(tmp_path / "nccl")}, find_spec=no_wheel,
+                     system_roots=())
+
+
+def make_cuda(root, major):
+    os.makedirs(os.path.join(root, "bin"))
+    os.makedirs(os.path.join(root, "include"))
+    os.makedirs(os.path.join(root, "lib64"))
+    nvcc = os.path.join(root, "bin", "nvcc")
+    with open(nvcc, "w") as f:
+        f.write("#!/bin/sh\necho 'Cuda compilation tools, release %d.5, V%d.5.82'\n"
+                % (major, major))
+    os.chmod(nvcc, 0o755)
+    open(os.path.join(root, "include", "cuda_runtime_api.h"), "w").close()
+    open(os.path.join(root, "lib64", "libcudart.so"), "w").close()
+
+
+def find_cuda(env, tf_major, **kw):
+    kw.setdefault("find_spec", no_wheel)
+    kw.setdefault("which", lambda name: None)
+    kw.setdefault("standard", ())
+    return gc.find_cuda(env, tf_major, None, **kw)
+
+
+def test_cuda_missing_says_where_it_looked_and_what_to_set():
+    with pytest.raises(gc.GpuConfigError) as e:
+        find_cuda({}, 12, standard=("/nonexistent-cuda",))
+    msg = str(e.value)
+    assert "no CUDA 12 compiler" in msg and "TFHVD_CUDA_HOME" in msg and "ptxas but no nvcc" in msg
+
+
+def test_cuda_home_of_the_right_version_is_used(tmp_path):
+    make_cuda(str(tmp_path / "cuda"), 12)
+    found = find_cuda({"TFHVD_CUDA_HOME": str(tmp_path / "cuda")}, 12)
+    assert found["major"] == 12 and not found["check_only"]
+    assert found["cudart"].endswith("lib64/libcudart.so")
+
+
+def test_cuda_of_another_major_is_refused_unless_compile_check(tmp_path):
+    make_cuda(str(tmp_path / "cuda"), 13)
+    env = {"CUDA_HOME": str(tmp_path / "cuda")}
+    with pytest.raises(gc.GpuConfigError, match="another CUDA major version"):
+        find_cuda(env, 12)
+    tf_include = tmp_path / "tfinc"
+    (tf_include / "third_party" / "gpus" / "cuda" / "include").mkdir(parents=True)
+    (tf_include / "third_party" / "gpus" / "cuda" / "include" / "cuda_runtime_api.h").touch()
+    runtime = tmp_path / "wheel" / "lib"
+    runtime.mkdir(parents=True)
+    (runtime / "libcudart.so.12").touch()
+
+    class Spec:
+        submodule_search_locations = [str(tmp_path / "wheel")]
+
+    found = gc.find_cuda(dict(env, TFHVD_CUDA_COMPILE_CHECK="1"), 12, str(tf_include),
+                         find_spec=lambda n: Spec() if n == "nvidia.cuda_runtime" else None,
+                         which=lambda n: None, standard=())
+    assert found["check_only"] and found["cudart"].endswith("libcudart.so.12")
+    assert any("compile-and-link check" in n for n in found["notes"])
+
+
+def test_setup_py_stops_with_the_message():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFHVD_", "HOROVOD_"))}
+    env.update(TFHVD_GPU_OPERATIONS="NCCL", TFHVD_NCCL_HOME="/nonexistent/nccl",
+               TFHVD_BUILD_DIR="/tmp/tfhvd-never-built")
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "TFHVD_NCCL_HOME=/nonexistent/nccl has no include/nccl.h" in r.stderr
