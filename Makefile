@@ -73,7 +73,7 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 	@touch $@
 
 demo: setup
-	$(MPIRUN) -np 2 $(PY) examples/tensorflow_digits.py --epochs 5
+	$(MPIRUN) -np 2 $(PY) examples/keras_mnist.py --epochs 5
 
 test: setup test-core test-single test-parallel test-integration test-gpu-build docker-check
 	@echo "== all tests passed"

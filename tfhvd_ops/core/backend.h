@@ -104,7 +104,7 @@ class HostMemoryOps : public Collectives {
 struct BackendOptions {
   std::vector<int> ranks;
   void* comm_handle = nullptr;
-  bool tcp_control = false;   // negotiate over TCP sockets, else over MPI
+  ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
 };

@@ -64,7 +64,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   tfhvd::BackendOptions opts;
   if (ranks != nullptr) opts.ranks.assign(ranks, ranks + nranks);
   opts.comm_handle = comm;
-  opts.tcp_control = settings.tcp_control;
+  opts.control = settings.control;
   opts.socket_ifname = settings.socket_ifname;
   opts.hierarchical_allreduce = settings.hierarchical_allreduce;
   std::unique_ptr<tfhvd::Backend> backend;

@@ -138,6 +138,12 @@ class OpContext {
 
 using StatusCallback = std::function<void(const Status&)>;
 
+// How ranks exchange negotiation messages (see backends/tcp/tcp_control.h).
+enum class ControlKind : int {
+  kTcp = 0,  // TCP sockets: a waiting rank sleeps until a message arrives
+  kMpi = 1,  // MPI messages: a waiting rank polls with growing sleeps
+};
+
 // Parameters of one collective call, exactly as the caller gave them.  This
 // is what ranks compare during negotiation.
 struct CollectiveParams {

@@ -107,8 +107,13 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "STALL_CHECK_DISABLE", &s->stall_check_disable));
   std::string var, control;
   if (Lookup(env, "CONTROL", &control, &var)) {
-    if (control != "tcp" && control != "mpi") return Bad(var, control, "tcp or mpi");
-    s->tcp_control = control == "tcp";
+    if (control == "mpi") {
+      s->control = ControlKind::kMpi;
+    } else if (control == "tcp") {
+      s->control = ControlKind::kTcp;
+    } else {
+      return Bad(var, control, "tcp or mpi");
+    }
   }
   Lookup(env, "SOCKET_IFNAME", &s->socket_ifname, &var);
   Lookup(env, "TIMELINE", &s->timeline_path, &var);
@@ -128,7 +133,9 @@ std::string Settings::ToString() const {
     << "stall_check_time_s=" << stall_check_time_s << "\n"
     << "stall_shutdown_time_s=" << stall_shutdown_time_s << "\n"
     << "stall_check_disable=" << (stall_check_disable ? 1 : 0) << "\n"
-    << "control=" << (tcp_control ? "tcp" : "mpi") << "\n"
+    << "control="
+    << (control == ControlKind::kMpi ? "mpi" : "tcp")
+    << "\n"
     << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"

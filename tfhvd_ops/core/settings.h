@@ -24,7 +24,8 @@ struct Settings {
   double stall_check_time_s = 60.0;    // STALL_CHECK_TIME_SECONDS
   double stall_shutdown_time_s = 0.0;  // STALL_SHUTDOWN_TIME_SECONDS (0: off)
   bool stall_check_disable = false;    // STALL_CHECK_DISABLE
-  bool tcp_control = false;            // CONTROL: "mpi" (default) or "tcp"
+  // CONTROL: "tcp" (default) or "mpi".
+  ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;           // SOCKET_IFNAME: interface for control sockets
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES

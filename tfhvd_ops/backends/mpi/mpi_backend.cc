@@ -299,10 +299,12 @@ class MpiBackend : public Backend {
     int provided = 0;
     MPI_Query_thread(&provided);
     threads_ = provided == MPI_THREAD_MULTIPLE;
-    if (opts.tcp_control && topo_.size > 1) {
+    if (opts.control != ControlKind::kMpi && topo_.size > 1) {
       TcpOptions tcp;
       tcp.ifname = opts.socket_ifname;
-      Status st = CreateTcpControl(topo_.rank, topo_.size, Bootstrap(), tcp, &control_);
+      std::unique_ptr<ControlChannel> sockets;
+      Status st = CreateTcpControl(topo_.rank, topo_.size, Bootstrap(), tcp, &sockets);
+      if (st.ok()) control_ = std::move(sockets);
       if (!st.ok() && topo_.rank == 0) {
         std::fprintf(stderr,
                      "[tfhvd WARNING rank 0] %s; negotiating over MPI instead (set "

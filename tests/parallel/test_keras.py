@@ -1,0 +1,242 @@
+"""Keras 3 under mpirun: DistributedOptimizer and the callbacks in ``model.fit``.
+
+Run with ``mpirun -np 2`` (and 3); every test is size-agnostic.  See
+``keras_checks.py`` for the equivalence set-up and the collective discipline.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_checks as kc
+import tfhvd.keras as hvd
+import tfhvd.tensorflow as tfhvd_tf
+import tfhvd.tensorflow.keras as tf_hvd
+
+hvd.init()
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "sgd_nesterov_clipnorm": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True,
+                                                          clipnorm=0.05),
+    "adam_clipvalue": lambda: keras.optimizers.Adam(0.01, clipvalue=0.02),
+    "adamw_global_clipnorm": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05,
+                                                            global_clipnorm=0.05),
+    "rmsprop_momentum": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fit_equals_single_process_on_global_batch(name):
+    result = kc.run_equivalence(keras, hvd, OPTIMIZERS[name])
+    kc.assert_equivalent(result)
+
+
+VARIANTS = {
+    "groups_2": ({"groups": 2}, {}, 1e-5),
+    "predivide_2": ({"gradient_predivide_factor": 2.0}, {}, 1e-5),
+    "fp16_wire": ({"compression": hvd.Compression.fp16}, {}, 1e-3),
+    "bf16_wire": ({"compression": hvd.Compression.bf16}, {}, 1e-2),
+    "steps_per_execution_2": ({}, {"steps_per_execution": 2}, 1e-5),
+    "run_eagerly": ({}, {"run_eagerly": True}, 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_fit_equivalence_variants(name):
+    dist_kwargs, compile_kwargs, tol = VARIANTS[name]
+    result = kc.run_equivalence(keras, hvd, OPTIMIZERS["adam_clipvalue"],
+                                compile_kwargs=compile_kwargs, **dist_kwargs)
+    kc.assert_equivalent(result, tol=tol)
+
+
+def test_op_sum_equals_reference_with_lr_times_size():
+    n = hvd.size()
+    result = kc.run_equivalence(keras, hvd, lambda: keras.optimizers.SGD(0.05), op=hvd.Sum)
+    ref = kc.run_equivalence(keras, hvd, lambda: keras.optimizers.SGD(0.05 * n))
+    for d, e in zip(result["dist"], ref["ref"], strict=True):
+        np.testing.assert_allclose(d, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True], ids=["sparse", "dense"])
+def test_embedding_gradients(sparse_as_dense):
+    """Embedding gradients are tf.IndexedSlices: gathered across ranks, or densified."""
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.RandomState(0)
+    x = rng.randint(0, 20, size=(n, kc.STEPS * kc.BATCH, 5)).astype("int32")
+    y = rng.randint(0, kc.CLASSES, size=(n, kc.STEPS * kc.BATCH)).astype("int32")
+
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(20, 4),
+                                 keras.layers.GlobalAveragePooling1D(),
+                                 keras.layers.Dense(kc.CLASSES, activation="softmax")])
+
+    model = build(100 + r)
+    initial = model.get_weights()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                                     sparse_as_dense=sparse_as_dense),
+                  loss=kc.LOSS)
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    initials = hvd.allgather_object(initial, name="embedding_initial")
+    everyone = hvd.allgather_object(model.get_weights(), name="embedding_final")
+    ref = build(7)
+    ref.set_weights(initials[0])
+    ref.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.5), loss=kc.LOSS)
+    xs = x.reshape(n, kc.STEPS, kc.BATCH, 5).transpose(1, 0, 2, 3).reshape(-1, 5)
+    ys = y.reshape(n, kc.STEPS, kc.BATCH).transpose(1, 0, 2).reshape(-1)
+    ref.fit(xs, ys, batch_size=n * kc.BATCH, epochs=2, shuffle=False, verbose=0)
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    for d, e in zip(model.get_weights(), ref.get_weights(), strict=True):
+        np.testing.assert_allclose(d, e, rtol=1e-5, atol=1e-5)
+
+
+def test_groups_given_as_variable_lists_reduce_like_one_group():
+    """Horovod's groups=[[v1, v2], ...]: the result equals one fused reduction."""
+    import tensorflow as tf
+
+    from tfhvd._keras.reduction import GradientReduction
+
+    variables = [tf.Variable(tf.zeros([3])) for _ in range(4)]
+    grads = [tf.constant([1.0, 2.0, 3.0]) * (hvd.rank() + 1) * (i + 1) for i in range(4)]
+    grouped = GradientReduction(groups=[[variables[2], variables[0]], [variables[3]]])
+    out = grouped.reduce(grads, variables)
+    expected = GradientReduction().reduce(grads, variables)
+    assert grouped._groups([0, 1, 2, 3], variables) == [[0, 2], [3], [1]]
+    for a, b in zip(out, expected, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy())
+    mean_rank = (hvd.size() + 1) / 2
+    np.testing.assert_allclose(out[3].numpy(), [4 * mean_rank, 8 * mean_rank, 12 * mean_rank])
+
+
+def test_clipping_applies_to_the_averaged_gradient():
+    """With clipping active, local clipping before averaging would differ from the
+    reference (which clips the global-batch gradient); also check clipping bites."""
+    clipped = kc.run_equivalence(keras, hvd, lambda: keras.optimizers.SGD(0.1, clipnorm=0.02))
+    free = kc.run_equivalence(keras, hvd, lambda: keras.optimizers.SGD(0.1))
+    kc.assert_equivalent(clipped)
+    assert any(not np.allclose(a, b, atol=1e-4)
+               for a, b in zip(clipped["dist"], free["dist"], strict=True)), \
+        "clipnorm=0.02 changed nothing; the clipping case is not exercised"
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam_clipvalue"])
+def test_backward_passes_per_step_2_equals_doubled_batch(name):
+    result = kc.run_equivalence(keras, hvd, OPTIMIZERS[name], passes=2)
+    kc.assert_equivalent(result)
+    opt = result["model"].optimizer
+    assert int(opt.iterations) == 2 * kc.STEPS // 2, "iterations should count updates"
+
+
+def test_backward_passes_sum_by_default():
+    """average_aggregated_gradients=False (Horovod's default) applies the sum of the
+    accumulated gradients: with plain SGD that is the reference with lr * passes."""
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n)
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                     backward_passes_per_step=2), loss=kc.LOSS)
+    initial = model.get_weights()
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    initials = hvd.allgather_object(initial, name="sum_initial")
+    ref = kc.build_model(keras, seed=7)
+    ref.set_weights(initials[0])
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=kc.LOSS)
+    xs, ys, gb = kc.global_batches(x, y, kc.BATCH, passes=2)
+    ref.fit(xs, ys, batch_size=gb, epochs=1, shuffle=False, verbose=0)
+    for d, e in zip(model.get_weights(), ref.get_weights(), strict=True):
+        np.testing.assert_allclose(d, e, rtol=1e-5, atol=1e-5)
+
+
+def test_jit_compile_true_is_turned_off_with_a_warning():
+    control = kc.build_model(keras, seed=1)
+    control.compile(optimizer=keras.optimizers.SGD(0.1), loss=kc.LOSS, jit_compile=True)
+    assert control.jit_compile, "Keras did not keep jit_compile=True on this machine"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = kc.run_equivalence(keras, hvd, OPTIMIZERS["adam_clipvalue"],
+                                    compile_kwargs={"jit_compile": True})
+    messages = [str(w.message) for w in caught if "XLA" in str(w.message)]
+    kc.assert_equivalent(result)
+    assert result["model"].jit_compile is False
+    assert len(messages) == 1 and "jit_compile=False" in messages[0], messages
+
+
+def test_warmup_learning_rate_at_every_batch():
+    kc.assert_warmup(kc.run_warmup(keras, hvd))
+
+
+def test_warmup_scales_a_learning_rate_schedule():
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(kc.lr_value(self.model.optimizer))
+
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(schedule)),
+                  loss=kc.LOSS)
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=1),
+                         Probe()])
+    steps = 2 * kc.STEPS
+    expected = [0.1 * 0.9 ** t * kc.warmup_lr(1.0, n, t // kc.STEPS, t % kc.STEPS, kc.STEPS, 1)
+                for t in range(steps)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+    assert isinstance(model.optimizer._learning_rate,
+                      keras.optimizers.schedules.ExponentialDecay), "schedule not restored"
+
+
+def test_schedule_callback_staircase():
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n)
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(kc.lr_value(self.model.optimizer))
+
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss=kc.LOSS)
+    history = model.fit(
+        x[r], y[r], batch_size=kc.BATCH, epochs=3, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.01, 0.5, start_epoch=1),
+                   Probe()])
+    expected = [0.01] * kc.STEPS + [0.005] * kc.STEPS + [0.0025] * kc.STEPS
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    np.testing.assert_allclose(history.history["lr"], [0.01, 0.005, 0.0025], rtol=1e-6)
+
+
+def test_metric_average_equal_on_all_ranks():
+    kc.assert_metric_average(kc.run_metric_average(keras, hvd))
+
+
+def test_sync_batch_norm_equals_batch_norm_on_global_batch():
+    result = kc.run_equivalence(keras, hvd, OPTIMIZERS["sgd_momentum"],
+                                norm_layer=lambda: hvd.SyncBatchNormalization(momentum=0.8),
+                                ref_norm_layer=lambda: keras.layers.BatchNormalization(
+                                    momentum=0.8))
+    kc.assert_equivalent(result)
+
+
+def test_tf_keras_front_end_is_the_same_implementation():
+    import tensorflow as tf
+
+    assert tf_hvd.DistributedOptimizer is hvd.DistributedOptimizer
+    assert hvd.DistributedGradientTape is tfhvd_tf.DistributedGradientTape
+    assert tf_hvd.DistributedGradientTape is tfhvd_tf.DistributedGradientTape
+    assert tf_hvd.BroadcastGlobalVariablesCallback is hvd.BroadcastGlobalVariablesCallback
+    result = kc.run_equivalence(tf.keras, tf_hvd, lambda: tf.keras.optimizers.SGD(0.1,
+                                                                                 momentum=0.9))
+    kc.assert_equivalent(result)

@@ -1,0 +1,168 @@
+"""The public Keras API of tfhvd, assembled for one Keras module.
+
+``tfhvd.keras`` and ``tfhvd.tensorflow.keras`` call :func:`api_for` with their
+Keras module (``keras`` or ``tf.keras``) and re-export what it returns, so both
+are the same implementation.  The optimizer functions dispatch on the optimizer
+they get, so they also work when handed an optimizer of the other flavour.
+"""
+
+from types import ModuleType, SimpleNamespace
+from typing import Any, Dict, Iterable, List, Optional
+
+from tfhvd._keras import flavor as _flavor
+from tfhvd._keras.callbacks import callback_classes
+from tfhvd._keras.optimizer import (REGISTERED_NAME, create_distributed_optimizer,
+                                    is_distributed, loader_class, reduction_of)
+from tfhvd._keras.reduction import GradientReduction, require_initialized
+from tfhvd._keras.sync_batch_norm import sync_batch_norm_class
+from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.mpi_ops import Average
+
+_APIS: Dict[str, SimpleNamespace] = {}
+
+
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                         compression: Any = Compression.none, sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, op: int = Average,
+                         gradient_predivide_factor: float = 1.0, groups: Any = None, *,
+                         device_dense: str = "", device_sparse: str = "", num_groups: int = 0,
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """Wraps a Keras optimizer so that ``model.fit`` averages gradients across ranks
+    before they are applied.
+
+    Args:
+      optimizer: a Keras optimizer instance (Keras 3 or tf-keras), including a
+        ``LossScaleOptimizer``.  The result is a new optimizer of the same class
+        built from ``optimizer.get_config()`` (its state is kept if it had any).
+      name: prefix of the collective ops' names (not the optimizer's name).
+      compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
+      sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing.
+      backward_passes_per_step: accumulate this many batches locally and reduce
+        once per update.  ``optimizer.iterations`` counts updates.
+      average_aggregated_gradients: with ``backward_passes_per_step > 1``, apply
+        the mean of the accumulated gradients instead of their sum.
+      op: ``hvd.Average`` (default) or ``hvd.Sum``.
+      gradient_predivide_factor: with Average, divide by this before the sum and
+        by ``size() / factor`` after.
+      groups: an int (that many fused reductions) or lists of variables reduced
+        together; default one fused reduction per step.
+      device_dense, device_sparse: accepted for Horovod compatibility; unused.
+      num_groups: Horovod's older spelling of an int ``groups``.
+      process_set: only the global process set is supported.
+
+    Clipping set on the optimizer (``clipnorm``, ``clipvalue``,
+    ``global_clipnorm``) applies to the averaged gradient.  A model compiled with
+    it runs its train step without XLA (a one-line warning says so).
+
+    Raises:
+      TypeError: ``optimizer`` is not a Keras optimizer instance.
+      ValueError: unsupported ``op`` (Adasum, Min, Max, Product), bad
+        ``backward_passes_per_step`` or other settings.
+      NotInitializedError: ``hvd.init()`` has not been called.
+    """
+    return _distributed(optimizer, name, compression, sparse_as_dense,
+                        backward_passes_per_step, average_aggregated_gradients, op,
+                        gradient_predivide_factor, groups or (num_groups or None), process_set,
+                        None)
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                                compression: Any = Compression.none,
+                                sparse_as_dense: bool = False,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, op: int = Average,
+                                gradient_predivide_factor: float = 1.0, groups: Any = None,
+                                local_layers: Any = None, *,
+                                process_set: ProcessSet = global_process_set) -> Any:
+    """A DistributedOptimizer that leaves the gradients of ``local_layers`` unreduced.
+
+    Each rank then trains its own copy of those layers.  ``local_layers`` is a
+    layer or a list of layers.  Their weights are recorded by name
+    (``layer_name/variable_name``) in the optimizer's config, so a saved and
+    reloaded optimizer keeps them local.  Other arguments as for
+    ``DistributedOptimizer``.
+    """
+    if local_layers is None:
+        raise ValueError("PartialDistributedOptimizer needs local_layers=[...] (the layers "
+                         "whose gradients stay local); use DistributedOptimizer otherwise")
+    return _distributed(optimizer, name, compression, sparse_as_dense,
+                        backward_passes_per_step, average_aggregated_gradients, op,
+                        gradient_predivide_factor, groups, process_set, local_layers)
+
+
+def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_per_step,
+                 average_aggregated_gradients, op, gradient_predivide_factor, groups,
+                 process_set, local_layers) -> Any:
+    require_initialized("DistributedOptimizer")
+    check_process_set(process_set)
+    reduction = GradientReduction(
+        name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        local_layers=local_layers)
+    return create_distributed_optimizer(optimizer, reduction)
+
+
+def load_model(keras_module: ModuleType, filepath: str,
+               custom_optimizers: Optional[Iterable[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None,
+               compression: Any = None, **kwargs: Any) -> Any:
+    """Loads a model saved with ``model.save`` and makes its optimizer distributed.
+
+    A saved DistributedOptimizer comes back with its settings and state; a plain
+    optimizer is wrapped in a DistributedOptimizer with its state kept (as
+    Horovod's ``load_model`` does).  ``compression`` replaces the saved
+    compression when given.  ``custom_optimizers`` lists optimizer classes that
+    are not part of Keras; ``kwargs`` go to ``keras.models.load_model``.
+    """
+    require_initialized("load_model")
+    flavor = _flavor.flavor_of_module(keras_module)
+    objects: Dict[str, Any] = {REGISTERED_NAME: loader_class(flavor)}
+    sync_bn = sync_batch_norm_class(flavor)
+    objects["SyncBatchNormalization"] = sync_bn
+    objects["tfhvd>SyncBatchNormalization"] = sync_bn
+    for cls in custom_optimizers or ():
+        objects[cls.__name__] = cls
+    objects.update(custom_objects or {})
+    model = keras_module.models.load_model(filepath, custom_objects=objects, **kwargs)
+    opt = getattr(model, "optimizer", None)
+    if opt is None or isinstance(opt, str):
+        return model
+    if is_distributed(opt):
+        if compression is not None:
+            reduction_of(opt).compression = compression
+        return model
+    reduction = GradientReduction(compression=compression or Compression.none)
+    new = create_distributed_optimizer(opt, reduction, list(model.trainable_variables))
+    _recompile(model, new)
+    return model
+
+
+def _recompile(model: Any, optimizer: Any) -> None:
+    """Compiles ``model`` again as it was compiled, with ``optimizer`` instead."""
+    compile_config = getattr(model, "_compile_config", None)
+    args = dict(getattr(compile_config, "config", None) or {})
+    if not args:
+        model.optimizer = optimizer
+        return
+    args["optimizer"] = optimizer
+    model.compile(**args)
+
+
+def api_for(keras_module: ModuleType) -> SimpleNamespace:
+    """The Keras-specific public names for ``keras_module`` (cached per flavour)."""
+    flavor = _flavor.flavor_of_module(keras_module)
+    api = _APIS.get(flavor)
+    if api is None:
+        callbacks = callback_classes(flavor)
+        api = SimpleNamespace(flavor=flavor, SyncBatchNormalization=sync_batch_norm_class(flavor),
+                              **callbacks)
+        _APIS[flavor] = api
+    return api
+
+
+__all__: List[str] = ["DistributedOptimizer", "PartialDistributedOptimizer", "api_for",
+                      "load_model"]

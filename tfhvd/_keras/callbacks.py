@@ -1,0 +1,427 @@
+"""The Keras callbacks, written once for both Keras flavours.
+
+Each ``*Impl`` class holds the behaviour; :func:`callback_classes` mixes it with
+the flavour's ``keras.callbacks.Callback`` (or ``ModelCheckpoint``) so that the
+classes are real Keras callbacks of the Keras the model uses.
+"""
+
+import sys
+from typing import Any, Callable, Dict, List, Optional, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tfhvd._keras import flavor as _flavor
+from tfhvd._keras.reduction import require_initialized
+from tfhvd.common import basics
+from tfhvd.tensorflow.functions import broadcast_variables
+from tfhvd.tensorflow.gradient_tape import allreduce
+from tfhvd.tensorflow.mpi_ops import Average
+
+_CLASSES: Dict[str, Dict[str, type]] = {}
+
+
+def _check_root(root_rank: Any) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
+            or not 0 <= root_rank < basics.size():
+        raise ValueError("root_rank must be a rank in [0, %d); got %r"
+                         % (basics.size(), root_rank))
+    return root_rank
+
+
+def broadcast_model_state(model: Any, root_rank: int) -> bool:
+    """Sends ``root_rank``'s model weights and optimizer state to every rank.
+
+    Builds the optimizer's slot variables first, so that they exist (and are
+    equal) before the first step.  Returns False when the model has no weights
+    yet (a subclassed model before its first call).
+    """
+    weights = list(model.weights)
+    if not weights:
+        return False
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not isinstance(opt, str):
+        _flavor.build_optimizer(opt, list(model.trainable_weights))
+    broadcast_variables(weights, root_rank=root_rank)
+    if opt is not None and not isinstance(opt, str):
+        opt_vars = _flavor.optimizer_variables(opt)
+        if opt_vars:
+            broadcast_variables(opt_vars, root_rank=root_rank)
+    return True
+
+
+class BroadcastGlobalVariablesCallbackImpl:
+    """Broadcasts the model's and the optimizer's state from ``root_rank`` before
+    the first training step, so that all ranks start from the same point.
+
+    It runs at ``on_train_begin`` (after weights were loaded, e.g. from a
+    checkpoint on rank 0 only), building the optimizer's variables first.  Only
+    a model that has no weights yet at that point (a subclassed model that was
+    never called) is broadcast before its second batch instead, with a warning.
+
+    Args:
+      root_rank: the rank whose state everyone takes.
+      device: accepted for Horovod compatibility; unused.
+    """
+
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        require_initialized("BroadcastGlobalVariablesCallback")
+        super().__init__()
+        self.root_rank = _check_root(root_rank)
+        self.device = device
+        self.broadcast_done = False
+        self._after_first_batch = False
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.broadcast_done:
+            return
+        if broadcast_model_state(self.model, self.root_rank):
+            self.broadcast_done = True
+            return
+        self._after_first_batch = True
+        if basics.rank() == 0:
+            print("tfhvd: BroadcastGlobalVariablesCallback: model '%s' has no weights before "
+                  "training (build it first, e.g. model.build(input_shape)); broadcasting "
+                  "after its first batch" % self.model.name, file=sys.stderr)
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        # Fallback for models without weights at on_train_begin: broadcast before
+        # the second batch (a batch-end hook would turn off Keras's async callbacks).
+        if self._after_first_batch and not self.broadcast_done and batch > 0:
+            broadcast_model_state(self.model, self.root_rank)
+            self.broadcast_done = True
+
+
+class MetricAverageCallbackImpl:
+    """Averages the epoch metrics in ``logs`` (training and validation) across ranks,
+    in place, so that later callbacks, the History and the progress bar see the
+    averages.  Put it before callbacks that read metrics (checkpoints, schedules).
+
+    Args:
+      device: accepted for Horovod compatibility; unused.
+    """
+
+    def __init__(self, device: str = "") -> None:
+        require_initialized("MetricAverageCallback")
+        super().__init__()
+        self.device = device
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if logs is None:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        if not keys or basics.size() == 1:
+            return
+        values = tf.constant([float(np.asarray(logs[k])) for k in keys], dtype=tf.float64)
+        averaged = allreduce(values, op=Average, name="MetricAverageCallback").numpy()
+        for key, value in zip(keys, averaged, strict=True):
+            logs[key] = float(value)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return np.asarray(value).size == 1 and np.issubdtype(np.asarray(value).dtype,
+                                                             np.number)
+    except (TypeError, ValueError):
+        return False
+
+
+class LearningRateScheduleCallbackImpl:
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` during
+    epochs ``[start_epoch, end_epoch)``.
+
+    Args:
+      initial_lr: the learning rate the multiplier scales; None takes the
+        optimizer's learning rate when training begins.  When the optimizer's
+        learning rate is a ``LearningRateSchedule``, the schedule's value is
+        multiplied instead and ``initial_lr`` is not used.
+      multiplier: a function of the (fractional) epoch, or a constant ``c``
+        meaning ``c ** epoch``.
+      start_epoch, end_epoch: the epochs (0-based, end excluded) to act in.
+      staircase: True changes the rate at the start of each epoch; False at every
+        batch, with ``epoch + batch / steps_per_epoch``.
+      momentum_correction: when the rate changes from ``old`` to ``new``, scale the
+        momentum buffers by ``new / old`` (Goyal et al., 2017).  This works with
+        Keras 3 optimizers, whose ``momentum`` is a Python float.
+      steps_per_epoch: batches per epoch; detected from ``fit`` when None.
+    """
+
+    def __init__(self, initial_lr: Optional[float], multiplier: Union[float, Callable],
+                 start_epoch: int = 0, end_epoch: Optional[int] = None,
+                 staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None) -> None:
+        require_initialized(type(self).__name__)
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.multiplier = lambda epoch: multiplier ** epoch
+        self._schedule_factor: Optional[tf.Variable] = None
+        self._original_schedule = None
+        self._momentum_fn = None
+
+    # ------------------------------------------------------------ plumbing
+
+    def _optimizer(self) -> Any:
+        return _flavor.inner_optimizer(self.model.optimizer)
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        steps = (self.params or {}).get("steps")
+        if steps:
+            return int(steps)
+        raise ValueError("%s could not detect the number of steps per epoch; pass "
+                         "steps_per_epoch=..." % type(self).__name__)
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+        opt = self._optimizer()
+        schedule_base = _flavor.public_api(_flavor.flavor_of(opt)) \
+            .optimizers.schedules.LearningRateSchedule
+        lr = getattr(opt, "_learning_rate", None)
+        if isinstance(lr, schedule_base):
+            self._install_scaled_schedule(opt, lr)
+        elif self.initial_lr is None:
+            self.initial_lr = _current_lr(opt)
+
+    def _install_scaled_schedule(self, opt: Any, schedule: Any) -> None:
+        """Puts ``schedule * factor`` in place of the optimizer's schedule."""
+        scaled_cls = scaled_schedule_class(_flavor.flavor_of(opt))
+        if isinstance(schedule, scaled_cls):  # left from an earlier interrupted fit
+            self._schedule_factor = schedule.factor
+            return
+        self._original_schedule = schedule
+        self._schedule_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32,
+                                            name="tfhvd_lr_factor")
+        opt._learning_rate = scaled_cls(schedule, self._schedule_factor)
+        self.model.make_train_function(force=True)  # retrace with the new schedule
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._original_schedule is not None:
+            self._optimizer()._learning_rate = self._original_schedule
+            self._original_schedule = None
+            self._schedule_factor = None
+            self.model.train_function = None  # the next fit traces the original schedule
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust(epoch)
+        else:
+            self._adjust(epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if logs is not None:
+            logs["lr"] = _current_lr(self._optimizer())
+
+    # ------------------------------------------------------------ the change
+
+    def _adjust(self, epoch: float) -> None:
+        opt = self._optimizer()
+        value = float(self.multiplier(epoch))
+        if self._schedule_factor is not None:
+            old = float(self._schedule_factor.numpy())
+            self._schedule_factor.assign(value)
+            new = value
+        else:
+            old = _current_lr(opt)
+            new = self.initial_lr * value
+            opt.learning_rate = new
+        if self.momentum_correction and old > 0 and new != old:
+            self._correct_momentum(opt, new / old)
+
+    def _correct_momentum(self, opt: Any, ratio: float) -> None:
+        buffers = momentum_buffers(opt)
+        if not buffers:
+            return
+        if self._momentum_fn is None or self._momentum_fn[0] is not opt:
+            @tf.function(autograph=False)
+            def scale(r):
+                for buf in buffers:
+                    buf.assign(buf * tf.cast(r, buf.dtype))
+
+            self._momentum_fn = (opt, scale)
+        self._momentum_fn[1](tf.constant(ratio, tf.float32))
+
+
+def _current_lr(opt: Any) -> float:
+    lr = opt.learning_rate
+    if callable(lr) and not hasattr(lr, "numpy"):
+        lr = lr(opt.iterations)
+    return float(np.asarray(tf.convert_to_tensor(lr)))
+
+
+def momentum_buffers(opt: Any) -> List[Any]:
+    """The velocity variables of an optimizer with momentum (SGD, RMSprop), else []."""
+    momentum = getattr(opt, "momentum", 0.0)
+    try:
+        momentum = float(np.asarray(tf.convert_to_tensor(momentum)))
+    except (TypeError, ValueError):
+        return []
+    if momentum == 0.0:
+        return []
+    for attr in ("momentums", "_momentums"):
+        buffers = getattr(opt, attr, None)
+        if buffers:
+            return [b for b in buffers if b is not None]
+    slots = getattr(opt, "_slots", None)  # tf-keras OptimizerV2
+    if isinstance(slots, dict):
+        return [s["momentum"] for s in slots.values() if "momentum" in s]
+    return []
+
+
+class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
+    """Horovod's gradual warmup: the learning rate rises from ``initial_lr / size()``
+    to ``initial_lr`` over ``warmup_epochs`` epochs, updated at every batch:
+
+        lr = initial_lr / size * ((size - 1) * e / warmup_epochs + 1),
+        e = epoch + (batch + 1) / steps_per_epoch
+
+    so that the last batch of the warmup uses ``initial_lr`` exactly.  Works with
+    a learning-rate schedule (its value is scaled by the same factor).
+
+    Args:
+      initial_lr: the learning rate after warmup (usually the single-process rate
+        times ``size()``); None takes the optimizer's rate.
+      warmup_epochs: the number of epochs the warmup lasts.
+      momentum_correction: see ``LearningRateScheduleCallback``.
+      steps_per_epoch: batches per epoch; detected from ``fit`` when None.
+      verbose: 1 prints a line on rank 0 when the warmup ends.
+    """
+
+    def __init__(self, initial_lr: Optional[float], warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch
+            n = basics.size()
+            return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+            print("\nEpoch %d: finished gradual learning rate warmup to %g."
+                  % (epoch + 1, _current_lr(self._optimizer())))
+
+
+class BestModelCheckpointImpl:
+    """A ``ModelCheckpoint`` that keeps the best model by ``monitor`` and writes
+    on rank 0 only (the other ranks do nothing).  Put MetricAverageCallback
+    before it so that the monitored value is the average over ranks.
+
+    Args:
+      monitor, verbose, mode, save_freq: as for ``keras.callbacks.ModelCheckpoint``.
+      filepath: where to write (``.keras`` for a model, ``.weights.h5`` with
+        ``save_weights_only=True`` in Keras 3); required.
+      save_weights_only: write only the weights.
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: Union[str, int] = "epoch", filepath: Optional[str] = None,
+                 save_weights_only: bool = False) -> None:
+        require_initialized("BestModelCheckpoint")
+        if filepath is None:
+            raise ValueError("BestModelCheckpoint needs filepath=..., e.g. "
+                             "BestModelCheckpoint(filepath='best.keras')")
+        self._is_root = basics.rank() == 0
+        super().__init__(filepath=filepath, monitor=monitor,
+                         verbose=verbose if self._is_root else 0, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+
+    def on_train_begin(self, logs=None):
+        if self._is_root:
+            super().on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._is_root:
+            super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._is_root:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._is_root:
+            super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        if self._is_root:
+            super().on_train_end(logs)
+
+
+def callback_classes(flavor: str) -> Dict[str, type]:
+    """The public callback classes for a flavour, keyed by name (made once)."""
+    classes = _CLASSES.get(flavor)
+    if classes is not None:
+        return classes
+    api = _flavor.public_api(flavor)
+    callback, checkpoint = api.callbacks.Callback, api.callbacks.ModelCheckpoint
+    bases = {
+        "BroadcastGlobalVariablesCallback": (BroadcastGlobalVariablesCallbackImpl, callback),
+        "MetricAverageCallback": (MetricAverageCallbackImpl, callback),
+        "LearningRateScheduleCallback": (LearningRateScheduleCallbackImpl, callback),
+        "LearningRateWarmupCallback": (LearningRateWarmupCallbackImpl, callback),
+        "BestModelCheckpoint": (BestModelCheckpointImpl, checkpoint),
+    }
+    classes = {}
+    for name, (impl, base) in bases.items():
+        classes[name] = type(name, (impl, base), {"__module__": __name__, "__qualname__": name,
+                                                  "__doc__": impl.__doc__})
+    _CLASSES[flavor] = classes
+    return classes
+
+
+_SCHEDULES: Dict[str, type] = {}
+
+
+def scaled_schedule_class(flavor: str) -> type:
+    """A LearningRateSchedule equal to another schedule times a variable factor."""
+    cls = _SCHEDULES.get(flavor)
+    if cls is not None:
+        return cls
+    api = _flavor.public_api(flavor)
+
+    class ScaledSchedule(api.optimizers.schedules.LearningRateSchedule):
+        """``schedule(step) * factor``; the factor is set by the tfhvd LR callbacks."""
+
+        def __init__(self, schedule: Any, factor: Any) -> None:
+            super().__init__()
+            self.schedule = schedule
+            self.factor = factor
+
+        def __call__(self, step):
+            value = self.schedule(step)
+            return value * tf.cast(self.factor, tf.convert_to_tensor(value).dtype)
+
+        def get_config(self) -> Dict[str, Any]:
+            return {"schedule": api.optimizers.schedules.serialize(self.schedule),
+                    "factor": float(np.asarray(tf.convert_to_tensor(self.factor)))}
+
+        @classmethod
+        def from_config(cls, config: Dict[str, Any]) -> "ScaledSchedule":
+            schedule = api.optimizers.schedules.deserialize(config["schedule"])
+            return cls(schedule, float(config["factor"]))
+
+    api.saving.register_keras_serializable(package="tfhvd", name="ScaledSchedule")(
+        ScaledSchedule)
+    _SCHEDULES[flavor] = ScaledSchedule
+    return ScaledSchedule

@@ -1,0 +1,119 @@
+"""The two places where tfhvd changes Keras's own classes, installed on first use.
+
+1. **XLA off for models that hold collectives.**  tfhvd's collectives are
+   asynchronous TensorFlow kernels without an XLA lowering, so a train step
+   compiled with XLA cannot contain them.  Keras 3 compiles ``fit`` with XLA by
+   default on a machine with a GPU (``jit_compile="auto"``).  ``make_train_function``
+   is wrapped: when the model's optimizer is a tfhvd ``DistributedOptimizer``
+   (or the model has a ``SyncBatchNormalization`` layer) and ``jit_compile`` is on,
+   it warns once per model and sets ``model.jit_compile = False`` before the
+   train function is built.  ``evaluate`` and ``predict`` keep XLA.
+2. **A collective finiteness check for Keras 3's ``LossScaleOptimizer``.**  A
+   ``LossScaleOptimizer`` around a distributed optimizer (what ``compile`` makes
+   under the ``mixed_float16`` policy) decides from the local gradients whether
+   to apply the step; ranks that disagree would deadlock, since only some would
+   enter the reduction.  ``check_finite`` is wrapped so that the decision is the
+   logical AND over ranks (one scalar allreduce per step).
+
+Both wrappers leave models and optimizers that do not use tfhvd untouched.
+"""
+
+import functools
+import warnings
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfhvd._keras import flavor as _flavor
+
+_MARK = "_tfhvd_wrapped"
+_installed: set = set()
+
+
+def install(flavor: str) -> None:
+    """Installs the wrappers for ``flavor`` (idempotent)."""
+    if flavor in _installed:
+        return
+    if flavor == _flavor.KERAS3:
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+        _wrap(TensorFlowTrainer, "make_train_function", _make_train_function_keras3)
+        _wrap(LossScaleOptimizer, "check_finite", _check_finite)
+    else:
+        from tf_keras.src.engine.training import Model
+
+        _wrap(Model, "make_train_function", _make_train_function_legacy)
+    _installed.add(flavor)
+
+
+def _wrap(cls: type, name: str, factory: Callable[[Callable], Callable]) -> None:
+    original = cls.__dict__[name]
+    if getattr(original, _MARK, False):
+        return
+    wrapper = functools.wraps(original)(factory(original))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+def model_uses_collectives(model: Any) -> bool:
+    """Whether the model's train step runs tfhvd collectives."""
+    from tfhvd._keras.optimizer import is_distributed
+
+    if is_distributed(getattr(model, "optimizer", None)):
+        return True
+    try:
+        layers = model._flatten_layers(include_self=False)
+    except (AttributeError, TypeError):
+        return False
+    return any(getattr(layer, "_tfhvd_collective_layer", False) for layer in layers)
+
+
+def _warn_xla_off(model: Any) -> None:
+    warnings.warn("tfhvd: model '%s' holds tfhvd collectives, which XLA cannot compile; its "
+                  "train step runs with jit_compile=False" % getattr(model, "name", "?"),
+                  UserWarning, stacklevel=5)
+
+
+def _make_train_function_keras3(original: Callable) -> Callable:
+    def make_train_function(self, force=False):
+        if self.jit_compile and model_uses_collectives(self):
+            _warn_xla_off(self)
+            self.jit_compile = False
+            force = True
+        return original(self, force=force)
+
+    return make_train_function
+
+
+def _make_train_function_legacy(original: Callable) -> Callable:
+    def make_train_function(self, force=False):
+        if getattr(self, "_jit_compile", False) and model_uses_collectives(self):
+            _warn_xla_off(self)
+            self.jit_compile = False  # the setter drops the cached functions
+            force = True
+        return original(self, force=force)
+
+    return make_train_function
+
+
+def _check_finite(original: Callable) -> Callable:
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        from tfhvd._keras.optimizer import is_distributed
+
+        if not is_distributed(self.inner_optimizer):
+            return finite
+        from tfhvd.common import basics
+
+        if basics.size() == 1:
+            return finite
+        from tfhvd._keras.reduction import collective_name
+        from tfhvd.tensorflow.mpi_ops import Sum, _allreduce
+
+        bad = tf.cast(tf.logical_not(tf.convert_to_tensor(finite)), tf.int32)
+        bad_ranks = _allreduce(bad, op=Sum, name=collective_name("tfhvd_LossScale_nonfinite"),
+                               ignore_name_scope=True)
+        return tf.equal(bad_ranks, 0)
+
+    return check_finite

@@ -1,0 +1,69 @@
+"""``import tfhvd.keras as hvd``: data-parallel training for Keras 3 (``import keras``).
+
+Three added lines make a ``model.fit`` script distributed::
+
+    import tfhvd.keras as hvd
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * hvd.size()))
+
+plus ``callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+hvd.callbacks.MetricAverageCallback()]`` in ``fit``.  Run it with
+``mpirun -np 2 python train.py``.
+
+The same implementation is ``tfhvd.tensorflow.keras`` (for ``tf.keras``); see
+``tfhvd._keras`` for how it works.
+"""
+
+from typing import Any, Dict, Iterable, Optional
+
+import keras
+
+from tfhvd._keras import api as _api
+from tfhvd._keras.api import DistributedOptimizer, PartialDistributedOptimizer
+from tfhvd.tensorflow import (Adasum, Average, Compression, DistributedGradientTape,
+                              HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                              TfhvdInternalError, __version__, allgather, allgather_object,
+                              allreduce, alltoall, barrier, broadcast, broadcast_object,
+                              broadcast_variables, cross_rank, cross_size, global_process_set,
+                              grouped_allgather, grouped_allreduce, init, is_homogeneous,
+                              is_initialized, join, local_rank, local_size, mpi_built,
+                              mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                              reducescatter, shutdown, size, start_timeline, stop_timeline)
+
+_KERAS = _api.api_for(keras)
+
+SyncBatchNormalization = _KERAS.SyncBatchNormalization
+BroadcastGlobalVariablesCallback = _KERAS.BroadcastGlobalVariablesCallback
+MetricAverageCallback = _KERAS.MetricAverageCallback
+LearningRateScheduleCallback = _KERAS.LearningRateScheduleCallback
+LearningRateWarmupCallback = _KERAS.LearningRateWarmupCallback
+BestModelCheckpoint = _KERAS.BestModelCheckpoint
+
+
+def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = None,
+               **kwargs: Any) -> Any:
+    """Loads a saved model with a distributed optimizer (see ``tfhvd._keras.api.load_model``).
+
+    A saved DistributedOptimizer keeps its settings and state; a plain optimizer
+    is wrapped in one, keeping its state.  ``compression`` replaces the saved one.
+    """
+    return _api.load_model(keras, filepath, custom_optimizers=custom_optimizers,
+                           custom_objects=custom_objects, compression=compression, **kwargs)
+
+
+from tfhvd.keras import callbacks  # noqa: E402  (hvd.callbacks.X, as in Horovod)
+
+__all__ = [
+    "Adasum", "Average", "BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
+    "Compression", "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "Max",
+    "MetricAverageCallback", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product",
+    "Sum", "SyncBatchNormalization", "TfhvdInternalError", "__version__", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+    "broadcast_variables", "callbacks", "cross_rank", "cross_size", "global_process_set",
+    "grouped_allgather", "grouped_allreduce", "init", "is_homogeneous", "is_initialized",
+    "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "shutdown", "size",
+    "start_timeline", "stop_timeline",
+]

@@ -1,0 +1,72 @@
+"""``import tfhvd.tensorflow.keras as hvd``: data-parallel training for ``tf.keras``.
+
+Three added lines make a ``model.fit`` script distributed::
+
+    import tfhvd.tensorflow.keras as hvd
+    hvd.init()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))
+
+plus ``callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+hvd.callbacks.MetricAverageCallback()]`` in ``fit``.  Run it with
+``mpirun -np 2 python train.py``.
+
+``tf.keras`` is Keras 3 in TensorFlow 2.16+, or tf-keras 2.x (Keras 2) when
+``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported; this module
+serves whichever ``tf.keras`` is.  The same implementation is ``tfhvd.keras``
+(for ``import keras``); see ``tfhvd._keras`` for how it works.
+"""
+
+from typing import Any, Dict, Iterable, Optional
+
+import tensorflow as tf
+
+from tfhvd._keras import api as _api
+from tfhvd._keras.api import DistributedOptimizer, PartialDistributedOptimizer
+from tfhvd.tensorflow import (Adasum, Average, Compression, DistributedGradientTape,
+                              HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                              TfhvdInternalError, __version__, allgather, allgather_object,
+                              allreduce, alltoall, barrier, broadcast, broadcast_object,
+                              broadcast_variables, cross_rank, cross_size, global_process_set,
+                              grouped_allgather, grouped_allreduce, init, is_homogeneous,
+                              is_initialized, join, local_rank, local_size, mpi_built,
+                              mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                              reducescatter, shutdown, size, start_timeline, stop_timeline)
+
+_KERAS_MODULE = tf.keras  # Keras 3, or tf-keras under TF_USE_LEGACY_KERAS=1
+_KERAS = _api.api_for(_KERAS_MODULE)
+
+SyncBatchNormalization = _KERAS.SyncBatchNormalization
+BroadcastGlobalVariablesCallback = _KERAS.BroadcastGlobalVariablesCallback
+MetricAverageCallback = _KERAS.MetricAverageCallback
+LearningRateScheduleCallback = _KERAS.LearningRateScheduleCallback
+LearningRateWarmupCallback = _KERAS.LearningRateWarmupCallback
+BestModelCheckpoint = _KERAS.BestModelCheckpoint
+
+
+def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = None,
+               **kwargs: Any) -> Any:
+    """Loads a saved model with a distributed optimizer (see ``tfhvd._keras.api.load_model``).
+
+    A saved DistributedOptimizer keeps its settings and state; a plain optimizer
+    is wrapped in one, keeping its state.  ``compression`` replaces the saved one.
+    """
+    return _api.load_model(_KERAS_MODULE, filepath, custom_optimizers=custom_optimizers,
+                           custom_objects=custom_objects, compression=compression, **kwargs)
+
+
+from tfhvd.tensorflow.keras import callbacks  # noqa: E402  (hvd.callbacks.X, as in Horovod)
+
+__all__ = [
+    "Adasum", "Average", "BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
+    "Compression", "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
+    "LearningRateScheduleCallback", "LearningRateWarmupCallback", "Max",
+    "MetricAverageCallback", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product",
+    "Sum", "SyncBatchNormalization", "TfhvdInternalError", "__version__", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+    "broadcast_variables", "callbacks", "cross_rank", "cross_size", "global_process_set",
+    "grouped_allgather", "grouped_allreduce", "init", "is_homogeneous", "is_initialized",
+    "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "shutdown", "size",
+    "start_timeline", "stop_timeline",
+]

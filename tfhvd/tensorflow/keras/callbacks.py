@@ -1,0 +1,9 @@
+"""``hvd.callbacks``: the tfhvd Keras callbacks, as Horovod scripts spell them."""
+
+from tfhvd.tensorflow.keras import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
+                         LearningRateScheduleCallback, LearningRateWarmupCallback,
+                         MetricAverageCallback)
+
+__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+           "MetricAverageCallback"]
