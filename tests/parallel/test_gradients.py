@@ -152,3 +152,24 @@ def test_grouped_allgather_and_reducescatter_grads():
     da, db = tape.gradient(loss, [a, b])
     np.testing.assert_allclose(da.numpy(), np.full([rank + 1], 2.0))
     np.testing.assert_allclose(db.numpy()[:, 0], np.repeat(np.arange(1.0, size + 1.0), 2))
+
+
+def test_gradient_collectives_match_across_rank_dependent_scopes():
+    """Keras numbers layers per process, so scopes can differ between ranks; the
+    backward collectives are named after the forward op and still match."""
+    rank, size = hvd.rank(), hvd.size()
+    w = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            with tf.name_scope("layer_%d" % (rank + 7)):  # differs on every rank
+                y = hvd.allreduce(w * 2.0, op=hvd.Sum, name="fwd", ignore_name_scope=True)
+                z = hvd.allgather(w, name="fwd_ag", ignore_name_scope=True)
+                b = hvd.broadcast(w, 0, name="fwd_bc", ignore_name_scope=True)
+            loss = tf.reduce_sum(y) + tf.reduce_sum(z) + tf.reduce_sum(b)
+        return tape.gradient(loss, w)
+
+    g = step()
+    want = 2.0 * size + 1.0 + (1.0 if rank == 0 else 0.0)
+    np.testing.assert_allclose(g.numpy(), [want, want])

@@ -17,6 +17,11 @@ except ImportError:  # pragma: no cover - depends on the environment
     _pickler = pickle
 
 
+# One traced function per set of variables, so that repeated broadcasts of the
+# same variables (every checkpoint restore, every callback) do not retrace.
+_BROADCAST_FNS: dict = {}
+
+
 def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
                         process_set: ProcessSet = global_process_set, inplace: bool = False):
     """Assigns ``root_rank``'s value to each variable on every rank.
@@ -29,12 +34,18 @@ def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
     if not variables:
         return None
     if tf.executing_eagerly():
-        @tf.function(autograph=False)
-        def _run():
-            for i, var in enumerate(variables):
-                var.assign(broadcast(var, root_rank, name="HorovodBroadcastVar_%d" % i))
+        key = (tuple(id(v) for v in variables), root_rank)
+        fn = _BROADCAST_FNS.get(key)
+        if fn is None:
+            @tf.function(autograph=False)
+            def fn():
+                for i, var in enumerate(variables):
+                    var.assign(broadcast(var, root_rank, name="HorovodBroadcastVar_%d" % i))
 
-        _run()
+            if len(_BROADCAST_FNS) >= 16:  # a few models' worth; forget the oldest
+                _BROADCAST_FNS.pop(next(iter(_BROADCAST_FNS)))
+            _BROADCAST_FNS[key] = fn
+        fn()
         return None
     return tf.group(*[var.assign(broadcast(var, root_rank)) for var in variables])
 

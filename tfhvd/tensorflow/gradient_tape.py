@@ -22,7 +22,8 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
 
 
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
-                      postscale_factor: float, name: Optional[str]) -> tf.IndexedSlices:
+                      postscale_factor: float, name: Optional[str],
+                      ignore_name_scope: bool = False) -> tf.IndexedSlices:
     """Reduces IndexedSlices by gathering every rank's values and indices."""
     if op not in (Average, Sum):
         raise NotImplementedError("tfhvd reduces tf.IndexedSlices only with Average or Sum; "
@@ -30,8 +31,10 @@ def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("scale factors are not supported for tf.IndexedSlices; "
                                   "use sparse_as_dense=True")
-    values = allgather(t.values, name=None if name is None else name + "_values")
-    indices = allgather(t.indices, name=None if name is None else name + "_indices")
+    values = allgather(t.values, name=None if name is None else name + "_values",
+                       ignore_name_scope=ignore_name_scope)
+    indices = allgather(t.indices, name=None if name is None else name + "_indices",
+                        ignore_name_scope=ignore_name_scope)
     if op == Average:
         values = values / tf.cast(basics.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=t.dense_shape)
@@ -51,7 +54,8 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
         check_process_set(process_set)
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name)
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
+                                 ignore_name_scope)
     if compression is Compression.none:
         return _allreduce(tensor, name=name, op=op, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope)
@@ -79,7 +83,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     sparse_idx = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     for j, i in enumerate(sparse_idx):
         out[i] = _sparse_allreduce(tensors[i], op, prescale_factor, postscale_factor,
-                                   None if name is None else "%s_sparse_%d" % (name, j))
+                                   None if name is None else "%s_sparse_%d" % (name, j),
+                                   ignore_name_scope)
     if dense_idx:
         pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_idx]
         reduced = _grouped_allreduce([p[0] for p in pairs], name=name, op=op,

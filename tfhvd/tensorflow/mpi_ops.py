@@ -286,17 +286,36 @@ def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None)
 
 # ---------------------------------------------------------------- gradients
 
-def _attrs(op) -> dict:
-    return {"ignore_name_scope": op.get_attr("ignore_name_scope")}
+def _grad_name(op, suffix: str = "grad") -> Optional[str]:
+    """The name of a gradient's collective: the forward op's name plus `suffix`.
+
+    Ranks match collectives by name, and the scopes TensorFlow puts gradients in
+    can differ between processes (Keras numbers its layers per process), so
+    gradient collectives are named after the forward op, which already matched,
+    and built with ignore_name_scope=True.  None in eager mode (names are not
+    needed there).
+    """
+    if _executing_eagerly():
+        return None
+    name = getattr(op, "name", None)
+    if not name and getattr(op, "outputs", None):
+        # GradientTape hands gradient functions a stand-in op without a name;
+        # its outputs are the forward op's graph tensors.
+        name = getattr(getattr(op.outputs[0], "op", None), "name", None)
+    if not name:
+        return None
+    if op.get_attr("ignore_name_scope"):
+        name = name.rsplit("/", 1)[-1]
+    return "%s_%s" % (_normalize_name(name), suffix)
 
 
 def _reduce_grad(x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor, reduce_op: int, pre: float,
-                 post: float, ignore_name_scope: bool) -> tf.Tensor:
+                 post: float, name: Optional[str]) -> tf.Tensor:
     """d(sum over ranks of loss)/dx for y = allreduce(x)."""
     if reduce_op in (Sum, Average):
-        return _allreduce(grad, op=reduce_op, prescale_factor=pre, postscale_factor=post,
-                          ignore_name_scope=ignore_name_scope)
-    total = _allreduce(grad, op=Sum, ignore_name_scope=ignore_name_scope)
+        return _allreduce(grad, name=name, op=reduce_op, prescale_factor=pre,
+                          postscale_factor=post, ignore_name_scope=True)
+    total = _allreduce(grad, name=name, op=Sum, ignore_name_scope=True)
     if reduce_op in (Min, Max):
         # Only the ranks holding the extreme value receive the gradient.
         return total * tf.cast(tf.equal(x, y), grad.dtype)
@@ -308,44 +327,45 @@ def _reduce_grad(x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor, reduce_op: int, pr
 def _allreduce_grad(op, grad):
     return _reduce_grad(op.inputs[0], op.outputs[0], grad, op.get_attr("reduce_op"),
                         op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
-                        op.get_attr("ignore_name_scope"))
+                        _grad_name(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
     reduce_op = op.get_attr("reduce_op")
     if reduce_op in (Sum, Average):
-        return _grouped_allreduce(list(grads), op=reduce_op,
+        return _grouped_allreduce(list(grads), name=_grad_name(op), op=reduce_op,
                                   prescale_factor=op.get_attr("prescale_factor"),
                                   postscale_factor=op.get_attr("postscale_factor"),
-                                  ignore_name_scope=op.get_attr("ignore_name_scope"))
-    return [_reduce_grad(x, y, g, reduce_op, 1.0, 1.0, op.get_attr("ignore_name_scope"))
-            for x, y, g in zip(op.inputs, op.outputs, grads)]
+                                  ignore_name_scope=True)
+    return [_reduce_grad(x, y, g, reduce_op, 1.0, 1.0, _grad_name(op, "grad_%d" % i))
+            for i, (x, y, g) in enumerate(zip(op.inputs, op.outputs, grads))]
 
 
-def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, ignore_name_scope: bool) -> tf.Tensor:
-    grad = _allreduce(grad, op=Average, ignore_name_scope=ignore_name_scope)
+def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, name: Optional[str]) -> tf.Tensor:
+    grad = _allreduce(grad, name=name, op=Average, ignore_name_scope=True)
     with tf.device("/cpu:0"):
         d = tf.reshape(tf.shape(x)[0] if x.shape.rank != 0 else tf.constant(1), [1])
-        dims = tf.reshape(allgather(d, ignore_name_scope=ignore_name_scope), [basics.size()])
+        dims = tf.reshape(allgather(d, name=None if name is None else name + "_dims",
+                                    ignore_name_scope=True), [basics.size()])
     part = tf.split(grad, dims, axis=0)[basics.rank()]
     return tf.reshape(part, tf.shape(x))
 
 
 @tf_ops.RegisterGradient("HorovodAllgather")
 def _allgather_grad(op, grad):
-    return _allgather_grad_one(op.inputs[0], grad, op.get_attr("ignore_name_scope"))
+    return _allgather_grad_one(op.inputs[0], grad, _grad_name(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedAllgather")
 def _grouped_allgather_grad(op, *grads):
-    return [_allgather_grad_one(x, g, op.get_attr("ignore_name_scope"))
-            for x, g in zip(op.inputs, grads)]
+    return [_allgather_grad_one(x, g, _grad_name(op, "grad_%d" % i))
+            for i, (x, g) in enumerate(zip(op.inputs, grads))]
 
 
 @tf_ops.RegisterGradient("HorovodBroadcast")
 def _broadcast_grad(op, grad):
-    reduced = _allreduce(grad, op=Average, ignore_name_scope=op.get_attr("ignore_name_scope"))
+    reduced = _allreduce(grad, name=_grad_name(op), op=Average, ignore_name_scope=True)
     if basics.rank() != op.get_attr("root_rank"):
         return reduced * 0
     return reduced
@@ -353,14 +373,13 @@ def _broadcast_grad(op, grad):
 
 @tf_ops.RegisterGradient("HorovodAlltoall")
 def _alltoall_grad(op, grad, _rsplits_grad):
-    result = alltoall(grad, splits=op.outputs[1],
-                      ignore_name_scope=op.get_attr("ignore_name_scope"))
+    result = alltoall(grad, splits=op.outputs[1], name=_grad_name(op), ignore_name_scope=True)
     return [result[0], None]
 
 
-def _reducescatter_grad_one(grad: tf.Tensor, reduce_op: int, ignore_name_scope: bool):
+def _reducescatter_grad_one(grad: tf.Tensor, reduce_op: int, name: Optional[str]):
     # y_k = reduce over r of x_r[slice k], so dx_r = concat over k of g_k.
-    full = allgather(grad, ignore_name_scope=ignore_name_scope)
+    full = allgather(grad, name=name, ignore_name_scope=True)
     if reduce_op == Average:
         full = full / tf.cast(basics.size(), full.dtype)
     return full
@@ -372,7 +391,7 @@ def _reducescatter_grad(op, grad):
     if reduce_op not in (Sum, Average):
         raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
                                   % _OP_NAMES.get(reduce_op, reduce_op))
-    return _reducescatter_grad_one(grad, reduce_op, op.get_attr("ignore_name_scope"))
+    return _reducescatter_grad_one(grad, reduce_op, _grad_name(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedReducescatter")
@@ -381,8 +400,8 @@ def _grouped_reducescatter_grad(op, *grads):
     if reduce_op not in (Sum, Average):
         raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
                                   % _OP_NAMES.get(reduce_op, reduce_op))
-    return [_reducescatter_grad_one(g, reduce_op, op.get_attr("ignore_name_scope"))
-            for g in grads]
+    return [_reducescatter_grad_one(g, reduce_op, _grad_name(op, "grad_%d" % i))
+            for i, g in enumerate(grads)]
 
 
 for _name in ("HorovodJoin", "HorovodBarrier", "HorovodSize", "HorovodLocalSize", "HorovodRank",
