@@ -12,6 +12,7 @@ initialised but idle against the same call with tfhvd shut down.
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Callable, List, Tuple
 
@@ -46,6 +47,18 @@ def interleave(a: Callable[[], object], b: Callable[[], object], reps: int
     # Every rank reports the slowest rank's median (what a job waits for).
     return (COMM.allreduce(statistics.median(ta), op=MPI.MAX),
             COMM.allreduce(statistics.median(tb), op=MPI.MAX))
+
+
+def print_table(title: str, header: Tuple[str, ...], rows: List[Tuple[str, ...]]) -> None:
+    """Prints a markdown table (rank 0 only), numbers right-aligned."""
+    if hvd.rank() != 0:
+        return
+    print("\n## " + title)
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    sys.stdout.flush()
 
 
 def human(n: int) -> str:
@@ -93,14 +106,12 @@ def many_small(reps: int) -> None:
 
     t_many, t_one = interleave(lambda: many(x), lambda: one(x), reps)
     t_base, _ = interleave(lambda: split_only(x), lambda: None, reps)
-    if hvd.rank() == 0:
-        print("\n## 64 tensors of 4 KiB in one tf.function vs one 256 KiB tensor")
-        print("| case | median (us) |")
-        print("|---|---:|")
-        print("| 64 x 4 KiB allreduced (split, 64 allreduces, concat) | %.1f |" % (t_many * 1e6))
-        print("| 1 x 256 KiB allreduced | %.1f |" % (t_one * 1e6))
-        print("| the same split/concat function without collectives | %.1f |" % (t_base * 1e6))
-        print("| ratio 64 x 4 KiB / 1 x 256 KiB | %.2f |" % (t_many / t_one), flush=True)
+    print_table("64 tensors of 4 KiB in one tf.function vs one 256 KiB tensor",
+                ("case", "median (us)"),
+                [("64 x 4 KiB allreduced (split, 64 allreduces, concat)", "%.1f" % (t_many * 1e6)),
+                 ("1 x 256 KiB allreduced", "%.1f" % (t_one * 1e6)),
+                 ("the same split/concat function without collectives", "%.1f" % (t_base * 1e6)),
+                 ("ratio 64 x 4 KiB / 1 x 256 KiB", "%.2f" % (t_many / t_one))])
 
 
 def idle_interference(rounds: int, reps: int) -> None:
@@ -128,13 +139,11 @@ def idle_interference(rounds: int, reps: int) -> None:
         idle.append(raw_median())
     t_idle = COMM.allreduce(statistics.median(idle), op=MPI.MAX)
     t_off = COMM.allreduce(statistics.median(off), op=MPI.MAX)
-    if hvd.rank() == 0:
-        print("\n## Raw mpi4py Allreduce (1 KiB) while tfhvd is idle vs shut down")
-        print("| tfhvd state | median (us) |")
-        print("|---|---:|")
-        print("| shut down | %.2f |" % (t_off * 1e6))
-        print("| initialised, idle | %.2f |" % (t_idle * 1e6))
-        print("| idle/off | %.2f |" % (t_idle / t_off), flush=True)
+    print_table("Raw mpi4py Allreduce (1 KiB) while tfhvd is idle vs shut down",
+                ("tfhvd state", "median (us)"),
+                [("shut down", "%.2f" % (t_off * 1e6)),
+                 ("initialised, idle", "%.2f" % (t_idle * 1e6)),
+                 ("idle/off", "%.2f" % (t_idle / t_off))])
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, job_env
 
 MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed")
@@ -19,15 +19,12 @@ def mpirun(np_: int, code: str, env=None, timeout: float = 180) -> subprocess.Co
     cmd = [MPIRUN, "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("OMPI_", "PMIX_", "PMI_", "TFHVD_", "HOROVOD_"))}
-    full_env.update(env or {})
     for key in (env or {}):
         cmd += ["-x", key]
     # `say` writes a whole line at once, so lines of different ranks never interleave.
     prelude = "import os\ndef say(*a):\n    os.write(1, (' '.join(map(str, a)) + '\\n').encode())\n"
     cmd += ["-np", str(np_), sys.executable, "-c", prelude + textwrap.dedent(code)]
-    return subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run(cmd, env=job_env(env), cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
