@@ -222,3 +222,43 @@ def test_empty_tensors():
     out, rs = hvd.alltoall(tf.zeros([0, 2]), splits=[0] * size, name="e_a2a")
     assert out.shape == (0, 2) and rs.numpy().tolist() == [0] * size
     assert hvd.reducescatter(tf.zeros([0, 2]), name="e_rs").shape == (0, 2)
+
+
+def test_eager_threads_and_a_graph_at_once():
+    """An eager op runs the runtime on its own thread until it is done; other
+    threads' eager ops and a tf.function's ops (the background thread's work)
+    run meanwhile, submitted in the opposite order on odd ranks, and under a
+    name that two threads use at once."""
+    import threading
+
+    rank, size = rank_size()
+    n = 8
+    results = {}
+    errors = []
+
+    def eager(i, name):
+        try:
+            x = tf.fill([3], float(i))
+            results[(i, name)] = hvd.allreduce(x, op=hvd.Sum, name=name).numpy()
+        except Exception as e:  # reported below, on every rank
+            errors.append(repr(e))
+
+    @tf.function
+    def graph(t):
+        return [hvd.allreduce(t * float(i), op=hvd.Sum, name="conc_graph_%d" % i)
+                for i in range(4)]
+
+    order = list(range(n)) if rank % 2 == 0 else list(reversed(range(n)))
+    threads = [threading.Thread(target=eager, args=(i, "conc_eager_%d" % i)) for i in order]
+    threads += [threading.Thread(target=eager, args=(1, "conc_same")) for _ in range(2)]
+    for t in threads:
+        t.start()
+    graph_out = graph(tf.ones([2]))
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "an eager thread never finished"
+    assert not errors, errors
+    for i in range(n):
+        assert results[(i, "conc_eager_%d" % i)].tolist() == [float(i * size)] * 3
+    assert results[(1, "conc_same")].tolist() == [float(size)] * 3
+    assert [g.numpy().tolist() for g in graph_out] == [[float(i * size)] * 2 for i in range(4)]

@@ -26,10 +26,21 @@ Product = 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
 
-_REDUCE_DTYPES = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-                  tf.float64)
-_ALL_DTYPES = _REDUCE_DTYPES + (tf.uint16, tf.int16, tf.bool)
-_ENUMS = {dts: frozenset(d.as_datatype_enum for d in dts) for dts in (_REDUCE_DTYPES, _ALL_DTYPES)}
+class _DtypeSet(tuple):
+    """The dtypes an op accepts, with their enums precomputed: checking a
+    tensor against them costs one set lookup (this runs on every eager op)."""
+
+    enums: frozenset
+
+    def __new__(cls, dtypes):
+        self = super().__new__(cls, dtypes)
+        self.enums = frozenset(d.as_datatype_enum for d in dtypes)
+        return self
+
+
+_REDUCE_DTYPES = _DtypeSet((tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+                            tf.float32, tf.float64))
+_ALL_DTYPES = _DtypeSet(_REDUCE_DTYPES + (tf.uint16, tf.int16, tf.bool))
 _OPS_MODULE = None
 
 
@@ -49,14 +60,14 @@ def _normalize_name(name: str) -> str:
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
-def _check_ready(tensors: Sequence[tf.Tensor], allowed: Tuple[tf.DType, ...], what: str,
+def _check_ready(tensors: Sequence[tf.Tensor], allowed: _DtypeSet, what: str,
                  process_set: Optional[ProcessSet] = None) -> None:
     """Raises a clear error before an op is built with bad input."""
     if not basics._initialized:
         raise NotInitializedError()
     if process_set is not None and process_set is not global_process_set:
         check_process_set(process_set)
-    enums = _ENUMS[allowed]
+    enums = allowed.enums
     for t in tensors:
         if t.dtype.as_datatype_enum not in enums:
             raise TypeError(

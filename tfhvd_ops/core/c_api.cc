@@ -48,6 +48,15 @@ Status EnqueueEntries(std::vector<TensorTableEntry> entries) {
   return rt->Enqueue(std::move(entries));
 }
 
+bool DriveUntil(const std::function<void()>& submit, const std::atomic<bool>& done) {
+  auto rt = CurrentRuntime();
+  if (!rt) {
+    submit();
+    return false;
+  }
+  return rt->Drive(submit, done);
+}
+
 }  // namespace tfhvd
 
 using tfhvd::Status;

@@ -7,6 +7,8 @@
 #define TFHVD_CORE_C_API_H_
 
 #ifdef __cplusplus
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,6 +21,10 @@ std::shared_ptr<Runtime> CurrentRuntime();
 // Enqueues entries on the current runtime, or fails with "call hvd.init()
 // first".
 Status EnqueueEntries(std::vector<TensorTableEntry> entries);
+// Calls submit(), then runs the runtime on the calling thread until `done` is
+// set (Runtime::Drive); false when it could not (not initialised, shutting
+// down), submit() having been called all the same.
+bool DriveUntil(const std::function<void()>& submit, const std::atomic<bool>& done);
 constexpr const char* kNotInitialized =
     "tfhvd has not been initialized; call hvd.init() first";
 }  // namespace tfhvd

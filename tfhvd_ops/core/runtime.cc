@@ -52,12 +52,19 @@ Status Runtime::Start() {
     TFHVD_RETURN_IF_ERROR(timeline_.Start(path, topology().rank, settings_.timeline_mark_cycles));
   }
   last_round_ = Clock::now();
+  blocking_channel_ = backend_->control()->Wait(queue_.wake_fd(), Micros(0));
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
 }
 
+// Set while this thread submits in Drive(): it takes its entries itself next.
+thread_local bool t_submitting = false;
+
 Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
-  return queue_.Add(std::move(entries));
+  TFHVD_RETURN_IF_ERROR(queue_.Add(std::move(entries), /*signal=*/!t_submitting));
+  // The background thread may still be parked after a Drive() that ended.
+  if (drivers_.load() == 0 && parked_.load()) WakeBackground();
+  return Status::OK();
 }
 
 bool Runtime::Shutdown() {
@@ -65,6 +72,7 @@ bool Runtime::Shutdown() {
   stopped_ = true;
   shutdown_requested_ = true;
   queue_.Notify();
+  WakeBackground();
   if (thread_.joinable()) thread_.join();
   timeline_.Stop();
   return !abandoned_;
@@ -298,14 +306,111 @@ bool Runtime::WorkerStep(bool shutting_down) {
   return progress;
 }
 
+// Waits for the next event after a pass that did nothing.  While collectives
+// are outstanding it first spins (yielding the core) for kSpinFor, since a
+// peer usually answers within microseconds and waking from sleep costs tens
+// of them; after finishing work it lingers kLinger the same way.  Then it
+// sleeps: on the channel and the queue together where the channel can block
+// (TCP), else on the queue with doubling waits up to kMaxWait.
+void Runtime::IdleWait(const IdleState& st, bool active, Micros* backoff) {
+  if (Clock::now() - st.idle_since < (active ? kSpinFor : kLinger)) {
+    std::this_thread::yield();
+    return;
+  }
+  ControlChannel* channel = backend_->control();
+  if (blocking_channel_) {
+    Micros timeout = active ? kActiveWait : kIdleWait;
+    if (coordinator_ && settings_.cycle_time_ms > 0 && coordinator_->HasPending()) {
+      timeout = std::min(timeout, Micros(static_cast<int64_t>(settings_.cycle_time_ms * 1000)));
+    }
+    channel->Wait(queue_.wake_fd(), timeout);
+    return;
+  }
+  if (!active) {
+    queue_.Wait(kIdleWait);
+    return;
+  }
+  queue_.Wait(*backoff);
+  *backoff = std::min(*backoff * 2, kMaxWait);
+}
+
+bool Runtime::Active(bool shutting_down) const {
+  return queue_.HasPending() || shutting_down || (coordinator_ && coordinator_->HasPending());
+}
+
+bool Runtime::Drive(const std::function<void()>& submit, const std::atomic<bool>& done) {
+  // Registered before submitting, so that the submission does not wake the
+  // parked background thread (Enqueue).
+  drivers_.fetch_add(1);
+  t_submitting = true;
+  submit();
+  t_submitting = false;
+  if (shutdown_requested_.load()) {
+    drivers_.fetch_sub(1);
+    WakeBackground();
+    return false;
+  }
+  std::unique_lock<std::mutex> role(role_mu_, std::try_to_lock);
+  if (!role.owns_lock()) {
+    // The background thread (or another caller) holds the loop, maybe asleep
+    // in its wait: the queue's eventfd wakes it, and it parks or takes our
+    // entries.
+    queue_.Notify();
+    role.lock();
+  }
+  IdleState st{Clock::now()};
+  Micros backoff = kFirstWait;
+  while (!done.load(std::memory_order_acquire) && !shutdown_requested_.load()) {
+    timeline_.MarkCycle();
+    if (Step(false)) {
+      st.idle_since = Clock::now();
+      backoff = kFirstWait;
+      continue;
+    }
+    if (!done.load(std::memory_order_acquire)) IdleWait(st, true, &backoff);
+  }
+  // Whatever is left (another thread's collectives) goes back to the
+  // background thread; Dekker-style with Enqueue's check of drivers_.
+  drivers_.fetch_sub(1);
+  const bool left = Active(false) || queue_.HasIncoming() || shutdown_requested_.load();
+  role.unlock();
+  if (left) WakeBackground();
+  return done.load(std::memory_order_acquire);
+}
+
+void Runtime::WakeBackground() {
+  std::lock_guard<std::mutex> l(park_mu_);
+  park_cv_.notify_one();
+}
+
+bool Runtime::Step(bool shutting_down) {
+  return topology().rank == 0 ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
+}
+
 void Runtime::Loop() {
   const bool coordinator = topology().rank == 0;
-  ControlChannel* channel = backend_->control();
-  const bool blocking = channel->Wait(queue_.wake_fd(), Micros(0));
-  Clock::time_point idle_since = Clock::now();
-  Micros wait = kFirstWait;
+  IdleState st{Clock::now()};
+  Micros backoff = kFirstWait;
   Clock::time_point shutdown_since{}, shutdown_warned{};
+  // The role is held through the waits too: the channel is only ever used by
+  // one thread.  A caller that wants to drive kicks the wait (Drive).
+  std::unique_lock<std::mutex> role(role_mu_);
   while (true) {
+    // A caller is driving (Drive): stay out of its way until it is done.
+    if (drivers_.load() > 0 && !shutdown_requested_.load()) {
+      role.unlock();
+      {
+        std::unique_lock<std::mutex> l(park_mu_);
+        parked_.store(true);
+        park_cv_.wait_for(l, kIdleWait, [this] {
+          return drivers_.load() == 0 || shutdown_requested_.load();
+        });
+        parked_.store(false);
+      }
+      role.lock();
+      st.idle_since = Clock::now();
+      continue;
+    }
     timeline_.MarkCycle();
     const bool shutting_down = shutdown_requested_.load();
     if (shutting_down) {
@@ -316,39 +421,18 @@ void Runtime::Loop() {
         break;
       }
     }
-    bool progress = coordinator ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
+    bool progress = Step(shutting_down);
     if (coordinator ? (shutting_down && coordinator_->AllWorkersShutDown() &&
                        !coordinator_->HasPending())
                     : (shutting_down && shutdown_sent_ && coordinator_gone_)) {
       break;
     }
     if (progress) {
-      idle_since = Clock::now();
-      wait = kFirstWait;
+      st.idle_since = Clock::now();
+      backoff = kFirstWait;
       continue;
     }
-    const bool active = queue_.HasPending() || shutting_down ||
-                        (coordinator && coordinator_->HasPending());
-    // Spin (yielding the core) briefly: peers usually answer within
-    // microseconds and a wake-up from sleep costs tens of them.
-    if (Clock::now() - idle_since < (active ? kSpinFor : kLinger)) {
-      std::this_thread::yield();
-      continue;
-    }
-    if (blocking) {
-      Micros timeout = active ? kActiveWait : kIdleWait;
-      if (coordinator && settings_.cycle_time_ms > 0 && coordinator_->HasPending()) {
-        timeout = std::min(timeout, Micros(static_cast<int64_t>(settings_.cycle_time_ms * 1000)));
-      }
-      channel->Wait(queue_.wake_fd(), timeout);
-      continue;
-    }
-    if (!active) {
-      queue_.Wait(kIdleWait);
-      continue;
-    }
-    queue_.Wait(wait);
-    wait = std::min(wait * 2, kMaxWait);
+    IdleWait(st, Active(shutting_down), &backoff);
   }
   // Sends to stuck peers may never complete: flush only after a clean exit.
   if (!abandoned_) backend_->control()->FlushSends();

@@ -7,7 +7,11 @@
 #define TFHVD_CORE_RUNTIME_H_
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -42,6 +46,15 @@ class Runtime {
   // case: the peers are stuck, so MPI_Finalize would block too and the job
   // must be aborted (tfhvd_finalize does).
   bool Shutdown();
+  // Calls submit() (which enqueues the caller's entries), then runs the
+  // runtime's loop on the calling thread until `done` is set: for a caller
+  // that would otherwise block waiting for its collective (an eager op), this
+  // saves the hand-off to the background thread and the wake-up back.  The background thread parks meanwhile; one thread at a time
+  // holds the loop (others wait for it).  Everything pending progresses, not
+  // only the caller's own entries, so this can never deadlock where waiting
+  // would not.  Returns false, having done nothing more, once shutdown has
+  // begun: the caller then waits for the background thread as usual.
+  bool Drive(const std::function<void()>& submit, const std::atomic<bool>& done);
 
   const Topology& topology() const { return backend_->topology(); }
   const Settings& settings() const { return settings_; }
@@ -49,8 +62,19 @@ class Runtime {
   Timeline& timeline() { return timeline_; }
 
  private:
+  using Micros = std::chrono::microseconds;
+  struct IdleState {
+    std::chrono::steady_clock::time_point idle_since;
+  };
   void Loop();
-  // One pass of the loop; returns true when something happened.
+  // One pass of the loop (the caller holds role_mu_); true when something
+  // happened.
+  bool Step(bool shutting_down);
+  // The wait after a pass that did nothing (see runtime.cc).
+  void IdleWait(const IdleState& st, bool active, Micros* backoff);
+  // Collectives outstanding on this rank (or, on rank 0, anywhere).
+  bool Active(bool shutting_down) const;
+  void WakeBackground();
   bool CoordinatorStep(bool shutting_down);
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
@@ -71,9 +95,17 @@ class Runtime {
   Timeline timeline_;
   Executor executor_;
   std::thread thread_;
+  bool blocking_channel_ = false;    // the channel can Wait() (TCP)
+  // Held by whichever thread runs a pass of the loop: the background thread
+  // or a caller in Drive().  Everything below it is guarded by it.
+  std::mutex role_mu_;
+  std::atomic<int> drivers_{0};      // callers in Drive()
+  std::atomic<bool> parked_{false};  // the background thread waits on park_cv_
+  std::mutex park_mu_;
+  std::condition_variable park_cv_;
   std::atomic<bool> shutdown_requested_{false};
   bool stopped_ = false;
-  // Background thread state.
+  // Loop state (guarded by role_mu_).
   bool shutdown_sent_ = false;       // worker told the coordinator
   bool coordinator_gone_ = false;    // coordinator told us it left
   bool abandoned_ = false;           // gave up waiting for the peers to shut down

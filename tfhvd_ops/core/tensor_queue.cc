@@ -22,7 +22,7 @@ void TensorQueue::SignalLocked() {
   (void)rc;
 }
 
-Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
+Status TensorQueue::Add(std::vector<TensorTableEntry> entries, bool signal) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return close_reason_;
@@ -31,9 +31,14 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
       e.enqueued = now;
       incoming_.push_back(std::move(e));
     }
-    SignalLocked();
+    if (signal) SignalLocked();
   }
   return Status::OK();
+}
+
+bool TensorQueue::HasIncoming() {
+  std::lock_guard<std::mutex> l(mu_);
+  return !incoming_.empty();
 }
 
 void TensorQueue::Close(const Status& reason) {

@@ -1,8 +1,9 @@
 // The tensor queue: where framework threads hand collectives to the
 // background thread.
 //
-// Framework threads call Add() (any thread, any time).  Only the background
-// thread calls the other methods.  Add() signals an eventfd, which the
+// Framework threads call Add() (any thread, any time).  Only the thread that
+// runs the runtime's loop (the background thread, or a caller in
+// Runtime::Drive) calls the other methods.  Add() signals an eventfd, which the
 // background thread sleeps on (alone, or together with its sockets, see
 // ControlChannel::Wait), so an idle runtime uses no CPU and new work wakes it
 // at once: latency is not bound to a polling cycle.
@@ -34,8 +35,9 @@ class TensorQueue {
   TensorQueue& operator=(const TensorQueue&) = delete;
 
   // Adds a group of entries atomically.  Fails (and calls nobody back) when
-  // the queue has been closed.
-  Status Add(std::vector<TensorTableEntry> entries);
+  // the queue has been closed.  `signal` false skips the eventfd: for a
+  // caller that runs the loop itself next (Runtime::Drive).
+  Status Add(std::vector<TensorTableEntry> entries, bool signal = true);
   // Closes the queue: later Add() calls fail with `reason`.
   void Close(const Status& reason);
 
@@ -45,6 +47,8 @@ class TensorQueue {
   // Removes the pending entry for `name`.  Returns false if none.
   bool Pop(const std::string& name, TensorTableEntry* out);
   bool HasPending() const { return !pending_.empty(); }
+  // Entries added but not yet taken (any thread).
+  bool HasIncoming();
   // The pending entry for `name`, or null.
   const TensorTableEntry* Peek(const std::string& name) const {
     auto it = pending_.find(name);

@@ -66,6 +66,7 @@ class GpuOp : public Op {
   explicit GpuOp(OpKernelConstruction* c) : Op(c) {}
 
  protected:
+  bool DriveOnCaller() const override { return false; }
   absl::Status Prepare(OpKernelContext* ctx, int i, core::TensorTableEntry* e) override {
     TF_RETURN_IF_ERROR(Op::Prepare(ctx, i, e));
     if (ctx->input_memory_type(i) == HOST_MEMORY) return absl::OkStatus();

@@ -5,7 +5,8 @@
 // in the core's Tensor/OpContext interfaces, enqueues them and returns at
 // once; the runtime's background thread later fills the outputs and the
 // callback sets the status and calls done().  No kernel ever blocks an
-// executor thread or calls MPI itself.
+// executor thread.  Eager execution, where TensorFlow calls the blocking
+// Compute, runs the runtime on the caller's thread instead (see Compute).
 #ifndef TFHVD_TENSORFLOW_KERNELS_H_
 #define TFHVD_TENSORFLOW_KERNELS_H_
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -163,6 +165,22 @@ class HorovodOp : public AsyncOpKernel {
   // ComputeAsync only enqueues: running it inline in the executor is cheaper
   // than handing each collective to the inter-op thread pool.
   bool IsExpensive() override { return false; }
+  // TensorFlow calls Compute, not ComputeAsync, where its caller blocks until
+  // the op is done: eager execution.  Rather than sleep while the background
+  // thread runs the collective and then be woken, this thread runs the
+  // runtime itself until its op is done (Runtime::Drive explains why that
+  // cannot deadlock).  Graph executors call ComputeAsync and never block.
+  void Compute(OpKernelContext* ctx) override {
+    if (!DriveOnCaller()) return AsyncOpKernel::Compute(ctx);
+    std::atomic<bool> finished{false};
+    absl::Notification notification;
+    auto done = [&finished, &notification] {
+      finished.store(true, std::memory_order_release);
+      notification.Notify();
+    };
+    core::DriveUntil([&] { ComputeAsync(ctx, done); }, finished);
+    notification.WaitForNotification();
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = NumEntries(ctx);
@@ -191,6 +209,9 @@ class HorovodOp : public AsyncOpKernel {
   }
 
  protected:
+  // Whether Compute may run the runtime on the caller's thread.  GPU kernels
+  // keep the background thread, which owns the NCCL communicators' streams.
+  virtual bool DriveOnCaller() const { return true; }
   virtual int NumEntries(OpKernelContext* ctx) { return ctx->num_inputs(); }
 
   // Fills the entry for input i: its tensor, shape, dtype, output.

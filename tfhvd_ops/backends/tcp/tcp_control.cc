@@ -9,9 +9,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
@@ -84,6 +87,42 @@ int ConnectTo(const std::string& ip, int port, double timeout_s) {
     }
   }
   SetNoDelay(fd);
+  return fd;
+}
+
+// An abstract-namespace Unix socket address (no file; scoped to the network
+// namespace, so a peer in another namespace or on another host that happens
+// to share the hostname simply fails to connect and falls back to TCP).
+socklen_t UnixAddress(const std::string& name, struct sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(addr->sun_path) - 2);
+  std::memcpy(addr->sun_path + 1, name.data(), n);  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+int ListenUnix(const std::string& name, int backlog) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un addr;
+  socklen_t len = UnixAddress(name, &addr);
+  if (bind(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 || listen(fd, backlog) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int ConnectUnix(const std::string& name) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un addr;
+  socklen_t len = UnixAddress(name, &addr);
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0) {
+    close(fd);
+    return -1;
+  }
+  SetNonBlocking(fd);
   return fd;
 }
 
@@ -249,6 +288,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
                         std::unique_ptr<ControlChannel>* out) {
   std::vector<TcpControl::Peer> peers;
   int listen_fd = -1;
+  int unix_fd = -1;  // same-host workers connect here: cheaper than TCP loopback
   std::string info;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -264,9 +304,14 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
         getsockname(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), &len) != 0) {
       info = "";  // tells the workers to give up
     } else {
+      std::ostringstream name;
+      name << "tfhvd." << getpid() << "." << ntohs(addr.sin_port) << "."
+           << Clock::now().time_since_epoch().count();
+      unix_fd = ListenUnix(name.str(), size);
       std::ostringstream o;
       o << host << "|" << ntohs(addr.sin_port) << "|";
       for (const auto& ip : LocalAddresses(opt.ifname)) o << ip << ",";
+      o << "|" << (unix_fd >= 0 ? name.str() : "");
       info = o.str();
     }
   }
@@ -276,22 +321,22 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
   if (size > 1 && info.empty()) ok = 0;
   if (rank > 0 && ok) {
     std::istringstream in(info);
-    std::string chost, port_s, ips_s;
+    std::string chost, port_s, ips_s, unix_name;
     std::getline(in, chost, '|');
     std::getline(in, port_s, '|');
     std::getline(in, ips_s, '|');
+    std::getline(in, unix_name, '|');
     std::vector<std::string> candidates;
     if (chost == host) candidates.push_back("127.0.0.1");
     std::istringstream ips(ips_s);
     for (std::string ip; std::getline(ips, ip, ',');) {
       if (!ip.empty()) candidates.push_back(ip);
     }
-    int fd = -1;
-    for (const auto& ip : candidates) {
-      fd = ConnectTo(ip, std::stoi(port_s), 2.0);
-      if (fd >= 0) break;
+    int fd = chost == host && !unix_name.empty() ? ConnectUnix(unix_name) : -1;
+    for (size_t i = 0; fd < 0 && i < candidates.size(); ++i) {
+      fd = ConnectTo(candidates[i], std::stoi(port_s), 2.0);
     }
-    int32_t me = rank;
+  int32_t me = rank;
     if (fd < 0 || !WriteAll(fd, reinterpret_cast<const char*>(&me), 4, opt.connect_timeout_s)) {
       if (fd >= 0) close(fd);
       ok = 0;
@@ -307,12 +352,12 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
   // Phase 2: the coordinator accepts them and learns their ranks.
   if (rank == 0 && all_ok) {
     for (int i = 1; i < size && ok; ++i) {
-      struct pollfd pf = {listen_fd, POLLIN, 0};
-      if (poll(&pf, 1, static_cast<int>(opt.connect_timeout_s * 1000)) != 1) {
+      struct pollfd pf[2] = {{listen_fd, POLLIN, 0}, {unix_fd, POLLIN, 0}};
+      if (poll(pf, unix_fd >= 0 ? 2 : 1, static_cast<int>(opt.connect_timeout_s * 1000)) < 1) {
         ok = 0;
         break;
       }
-      int fd = accept(listen_fd, nullptr, nullptr);
+      int fd = accept(pf[0].revents & POLLIN ? listen_fd : unix_fd, nullptr, nullptr);
       int32_t who = -1;
       if (fd < 0) {
         ok = 0;
@@ -333,6 +378,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     }
   }
   if (listen_fd >= 0) close(listen_fd);
+  if (unix_fd >= 0) close(unix_fd);
   if (all_ok) TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
   if (!all_ok) {
     for (auto& p : peers) close(p.fd);

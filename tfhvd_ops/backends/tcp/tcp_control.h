@@ -9,8 +9,10 @@
 //
 // Topology: a star.  The coordinator (rank 0) listens on an ephemeral port;
 // its addresses are handed to the workers through the bootstrap (an MPI
-// broadcast); each worker connects, preferring loopback on the same host, and
-// says its rank.  If any worker cannot connect, every rank learns it through
+// broadcast); each worker connects and says its rank.  A worker on the
+// coordinator's host connects through an abstract Unix socket the coordinator
+// also listens on (a send costs about half of a TCP loopback send), falling
+// back to loopback TCP, then to the advertised addresses.  If any worker cannot connect, every rank learns it through
 // the bootstrap and the caller falls back to MPI messages.
 //
 // Framing: each message is a 4-byte little-endian length and the bytes.
