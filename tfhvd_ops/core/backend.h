@@ -106,6 +106,7 @@ struct BackendOptions {
   void* comm_handle = nullptr;
   ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
+  bool control_shm = true;    // same-host control bytes through shared memory
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
 };
 

@@ -75,6 +75,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.comm_handle = comm;
   opts.control = settings.control;
   opts.socket_ifname = settings.socket_ifname;
+  opts.control_shm = settings.control_shm;
   opts.hierarchical_allreduce = settings.hierarchical_allreduce;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;

@@ -231,6 +231,11 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     if (tell_leave) announced_[w] = true;
   }
   if (!list.responses.empty()) {
+    // Every worker must be able to read the whole list before we block in
+    // its collectives: a list larger than the transport's buffer would
+    // otherwise wait in ours while we wait for the workers.
+    Status fs = ch->FlushSends();
+    if (!fs.ok()) TFHVD_LOG(log_, kError, fs.message());
     if (log_.Enabled(LogLevel::kDebug)) {
       size_t tensors = 0;
       for (const Response& r : list.responses) tensors += r.names.size();

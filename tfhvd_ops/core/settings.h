@@ -27,6 +27,7 @@ struct Settings {
   // CONTROL: "tcp" (default) or "mpi".
   ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;           // SOCKET_IFNAME: interface for control sockets
+  bool control_shm = true;             // CONTROL_SHM: same-host control bytes via shared memory
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce

@@ -302,6 +302,7 @@ class MpiBackend : public Backend {
     if (opts.control != ControlKind::kMpi && topo_.size > 1) {
       TcpOptions tcp;
       tcp.ifname = opts.socket_ifname;
+      tcp.shared_memory = opts.control_shm;
       std::unique_ptr<ControlChannel> sockets;
       Status st = CreateTcpControl(topo_.rank, topo_.size, Bootstrap(), tcp, &sockets);
       if (st.ok()) control_ = std::move(sockets);

@@ -1,5 +1,7 @@
 #include "tcp_control.h"
 
+#include "shm_ring.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +25,10 @@ namespace tfhvd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Bytes of each shared-memory ring; a larger message waits in the sender's
+// buffer and streams through.
+constexpr uint64_t kShmRingBytes = 1 << 20;
 
 Status Errno(const std::string& what) {
   return Status::Internal("tfhvd control socket: " + what + ": " + std::strerror(errno));
@@ -170,6 +176,13 @@ class TcpControl : public ControlChannel {
     bool closed = false;
     std::string in;
     std::string out;
+    // Same host: bytes move through shared memory; the socket only carries
+    // doorbells and tells when the peer is gone (shm_ring.h).
+    std::shared_ptr<ShmLink> link;
+    ShmRing* tx = nullptr;
+    ShmRing* rx = nullptr;
+    bool sock_readable = false;  // poll() saw the socket readable
+    unsigned reads = 0;
   };
 
   explicit TcpControl(std::vector<Peer> peers) : peers_(std::move(peers)) {
@@ -191,30 +204,62 @@ class TcpControl : public ControlChannel {
     return st;
   }
 
+  // Waits (up to 10 s per peer) until every queued byte is with the
+  // transport.  A peer that is gone or does not read for that long is
+  // given up on: the next poll reports it lost.
   Status FlushSends() override {
     for (Peer& p : peers_) {
-      if (!p.closed && !p.out.empty()) {
-        WriteAll(p.fd, p.out.data(), p.out.size(), 10.0);
-        p.out.clear();
+      if (p.closed || p.out.empty()) continue;
+      bool sent = false;
+      if (!p.link) {
+        sent = WriteAll(p.fd, p.out.data(), p.out.size(), 10.0);
+      } else {
+        const auto deadline = Clock::now() + std::chrono::seconds(10);
+        while (!p.out.empty() && Clock::now() < deadline) {
+          Flush(p);
+          if (p.out.empty()) break;
+          struct pollfd pf = {p.fd, POLLIN, 0};
+          if (poll(&pf, 1, 1) == 1 && DrainSocket(p)) break;  // the reader died
+        }
+        sent = p.out.empty();
       }
+      p.out.clear();
+      if (!sent) p.closed = true;
     }
     return Status::OK();
   }
 
   bool Wait(int wake_fd, std::chrono::microseconds timeout) override {
     std::vector<struct pollfd> fds;
+    std::vector<Peer*> polled;
     fds.push_back({wake_fd, POLLIN, 0});
+    bool ready = false;  // bytes already in a ring: do not sleep
     for (Peer& p : peers_) {
       if (p.closed) continue;
       short ev = POLLIN;
-      if (!p.out.empty()) ev |= POLLOUT;
+      if (p.link) {
+        ready |= !p.rx->PrepareToSleep();
+        // A full ring frees space without a signal: look again soon.
+        if (!p.out.empty()) timeout = std::min(timeout, std::chrono::microseconds(1000));
+      } else if (!p.out.empty()) {
+        ev |= POLLOUT;
+      }
       fds.push_back({p.fd, ev, 0});
+      polled.push_back(&p);
     }
+    if (ready) timeout = std::chrono::microseconds(0);
     struct timespec ts;
     ts.tv_sec = timeout.count() / 1000000;
     ts.tv_nsec = (timeout.count() % 1000000) * 1000;
     ppoll(fds.data(), fds.size(), &ts, nullptr);
-    for (Peer& p : peers_) Flush(p);
+    for (size_t i = 0; i < polled.size(); ++i) {
+      Peer& p = *polled[i];
+      if (p.link) {
+        p.rx->Awake();
+        p.sock_readable = fds[i + 1].revents != 0;
+      }
+      Flush(p);
+    }
     return true;
   }
 
@@ -232,6 +277,19 @@ class TcpControl : public ControlChannel {
   }
 
   void Flush(Peer& p) {
+    if (p.link) {
+      if (p.closed || p.out.empty()) return;
+      size_t w = p.tx->Write(p.out.data(), p.out.size());
+      p.out.erase(0, w);
+      if (w > 0 && p.tx->ReaderMaySleep()) {
+        char bell = 0;
+        ssize_t r = send(p.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        // A full socket already holds doorbells; any other error means the
+        // peer is gone, which its end-of-file reports.
+        (void)r;
+      }
+      return;
+    }
     while (!p.closed && !p.out.empty()) {
       ssize_t w = send(p.fd, p.out.data(), p.out.size(), MSG_NOSIGNAL);
       if (w > 0) {
@@ -244,20 +302,37 @@ class TcpControl : public ControlChannel {
     }
   }
 
-  Status Read(std::vector<std::pair<int, std::string>>* out) {
+  // Reads what the socket holds: data for a socket peer, doorbells for a
+  // shared-memory peer.  Returns true at end-of-file or on an error.
+  bool DrainSocket(Peer& p) {
     char buf[65536];
+    while (true) {
+      ssize_t r = recv(p.fd, buf, sizeof(buf), 0);
+      if (r > 0) {
+        if (!p.link) p.in.append(buf, static_cast<size_t>(r));
+      } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return true;
+      } else {
+        return false;
+      }
+    }
+  }
+
+  Status Read(std::vector<std::pair<int, std::string>>* out) {
     for (Peer& p : peers_) {
       if (p.closed && p.fd < 0) continue;
       bool eof = p.closed;
-      while (!eof) {
-        ssize_t r = recv(p.fd, buf, sizeof(buf), 0);
-        if (r > 0) {
-          p.in.append(buf, static_cast<size_t>(r));
-        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          eof = true;
-        } else {
-          break;
+      if (p.link) {
+        p.rx->Read(&p.in);
+        // The socket only matters for doorbells and end-of-file: look at it
+        // when poll() said so, and now and then while spinning.
+        if (!eof && (p.sock_readable || (++p.reads & 1023) == 0)) {
+          p.sock_readable = false;
+          eof = DrainSocket(p);
+          if (eof) p.rx->Read(&p.in);  // bytes written just before it died
         }
+      } else if (!eof) {
+        eof = DrainSocket(p);
       }
       size_t off = 0;
       while (p.in.size() - off >= 4) {
@@ -289,6 +364,8 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
   std::vector<TcpControl::Peer> peers;
   int listen_fd = -1;
   int unix_fd = -1;  // same-host workers connect here: cheaper than TCP loopback
+  bool worker_via_unix = false;
+  std::vector<bool> via_unix;  // rank 0: per accepted peer
   std::string info;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -333,6 +410,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
       if (!ip.empty()) candidates.push_back(ip);
     }
     int fd = chost == host && !unix_name.empty() ? ConnectUnix(unix_name) : -1;
+    worker_via_unix = fd >= 0;
     for (size_t i = 0; fd < 0 && i < candidates.size(); ++i) {
       fd = ConnectTo(candidates[i], std::stoi(port_s), 2.0);
     }
@@ -357,7 +435,8 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
         ok = 0;
         break;
       }
-      int fd = accept(pf[0].revents & POLLIN ? listen_fd : unix_fd, nullptr, nullptr);
+      const bool is_unix = !(pf[0].revents & POLLIN);
+      int fd = accept(is_unix ? unix_fd : listen_fd, nullptr, nullptr);
       int32_t who = -1;
       if (fd < 0) {
         ok = 0;
@@ -375,7 +454,49 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
       p.fd = fd;
       p.rank = who;
       peers.push_back(std::move(p));
+      via_unix.push_back(is_unix);
     }
+  }
+  // Phase 3: shared memory for the workers on this host (shm_ring.h).
+  if (all_ok && opt.shared_memory) {
+    if (rank == 0 && ok) {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (!via_unix[i]) continue;
+        std::unique_ptr<ShmLink> link;
+        int memfd = -1;
+        const bool made = ShmLink::Create(kShmRingBytes, &link, &memfd).ok();
+        if (SendFd(peers[i].fd, memfd, made ? 'L' : 'N') && made) {
+          peers[i].link = std::move(link);
+        }
+        if (memfd >= 0) close(memfd);
+      }
+    }
+    TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
+    if (rank > 0 && all_ok && worker_via_unix) {
+      char payload = 0, ack = 'N';
+      int memfd = -1;
+      std::unique_ptr<ShmLink> link;
+      if (RecvFd(peers[0].fd, opt.connect_timeout_s, &payload, &memfd) && payload == 'L' &&
+          memfd >= 0 && ShmLink::Map(memfd, &link).ok()) {
+        peers[0].link = std::move(link);
+        ack = 'A';
+      }
+      if (memfd >= 0) close(memfd);
+      if (!WriteAll(peers[0].fd, &ack, 1, opt.connect_timeout_s)) ok = 0;
+    }
+    if (rank == 0 && all_ok) {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        char ack = 'N';
+        if (!peers[i].link) continue;
+        if (!ReadAll(peers[i].fd, &ack, 1, opt.connect_timeout_s)) ok = 0;
+        if (ack != 'A') peers[i].link.reset();  // the worker could not map it
+      }
+    }
+  }
+  for (auto& p : peers) {
+    if (!p.link) continue;
+    p.tx = rank == 0 ? &p.link->to_worker() : &p.link->to_coordinator();
+    p.rx = rank == 0 ? &p.link->to_coordinator() : &p.link->to_worker();
   }
   if (listen_fd >= 0) close(listen_fd);
   if (unix_fd >= 0) close(unix_fd);

@@ -40,6 +40,8 @@ struct TcpBootstrap {
 struct TcpOptions {
   std::string ifname;         // advertise only this interface's address
   double connect_timeout_s = 30.0;
+  // Same-host workers exchange bytes through shared memory (shm_ring.h).
+  bool shared_memory = true;
 };
 
 // Connects every rank (collective).  On failure returns a non-OK status on
