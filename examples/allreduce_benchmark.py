@@ -4,8 +4,9 @@
 
 For each size it alternates one tfhvd allreduce (eager, op=Sum) with one
 mpi4py ``Allreduce`` of a numpy array of the same size, so both see the same
-machine noise, and reports medians and the ratio raw/tfhvd (1.0 = no
-overhead).  It also times many small tensors in one ``tf.function`` against
+machine noise, and reports the medians, their ratio raw/tfhvd (1.0 = no
+overhead), and the median of the per-pair ratios (each tfhvd call against the
+raw call right after it, which cancels slow drifts of a shared machine).  It also times many small tensors in one ``tf.function`` against
 one tensor of their total size, and a raw mpi4py Allreduce while tfhvd is
 initialised but idle against the same call with tfhvd shut down.
 """
@@ -34,8 +35,10 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def interleave(a: Callable[[], object], b: Callable[[], object], reps: int
-               ) -> Tuple[float, float]:
-    """Medians (seconds) of a and b, alternated; both warmed up first."""
+               ) -> Tuple[float, float, float]:
+    """Medians (seconds) of a and b, alternated, and the median of the
+    per-pair ratios b/a (each a timed right beside its b, so slow drifts of
+    the machine cancel); both warmed up first."""
     for _ in range(3):
         a()
         b()
@@ -44,9 +47,11 @@ def interleave(a: Callable[[], object], b: Callable[[], object], reps: int
     for _ in range(reps):
         ta.append(timed(a))
         tb.append(timed(b))
-    # Every rank reports the slowest rank's median (what a job waits for).
+    ratio = statistics.median(y / x for x, y in zip(ta, tb))
+    # Every rank reports the slowest rank's medians and the worst ratio.
     return (COMM.allreduce(statistics.median(ta), op=MPI.MAX),
-            COMM.allreduce(statistics.median(tb), op=MPI.MAX))
+            COMM.allreduce(statistics.median(tb), op=MPI.MAX),
+            COMM.allreduce(ratio, op=MPI.MIN))
 
 
 def print_table(title: str, header: Tuple[str, ...], rows: List[Tuple[str, ...]]) -> None:
@@ -68,8 +73,8 @@ def human(n: int) -> str:
 def size_table(reps: int, max_bytes: int) -> None:
     if hvd.rank() == 0:
         print("\n## Single allreduce (float32, op=Sum), median of %d, slowest rank" % reps)
-        print("| size | tfhvd (us) | mpi4py Allreduce (us) | raw/tfhvd |")
-        print("|---:|---:|---:|---:|")
+        print("| size | tfhvd (us) | mpi4py Allreduce (us) | raw/tfhvd | raw/tfhvd, paired |")
+        print("|---:|---:|---:|---:|---:|")
     n = 1024
     while n <= max_bytes:
         count = n // 4
@@ -77,11 +82,11 @@ def size_table(reps: int, max_bytes: int) -> None:
         src = np.ones(count, np.float32)
         dst = np.empty_like(src)
         r = max(5, reps if n <= (1 << 20) else reps // 4)
-        t_hvd, t_raw = interleave(lambda: hvd.allreduce(x, op=hvd.Sum, name="bench"),
+        t_hvd, t_raw, paired = interleave(lambda: hvd.allreduce(x, op=hvd.Sum, name="bench"),
                                   lambda: COMM.Allreduce(src, dst, op=MPI.SUM), r)
         if hvd.rank() == 0:
-            print("| %s | %.1f | %.1f | %.2f |" % (human(n), t_hvd * 1e6, t_raw * 1e6,
-                                                 t_raw / t_hvd), flush=True)
+            print("| %s | %.1f | %.1f | %.2f | %.2f |" % (human(n), t_hvd * 1e6, t_raw * 1e6,
+                                                        t_raw / t_hvd, paired), flush=True)
         n *= 4
 
 
@@ -104,8 +109,8 @@ def many_small(reps: int) -> None:
     def split_only(t):  # the same function without collectives
         return tf.concat([p * 1.0 for p in tf.split(t, 64)], 0)
 
-    t_many, t_one = interleave(lambda: many(x), lambda: one(x), reps)
-    t_base, _ = interleave(lambda: split_only(x), lambda: None, reps)
+    t_many, t_one, _ = interleave(lambda: many(x), lambda: one(x), reps)
+    t_base, _, _ = interleave(lambda: split_only(x), lambda: None, reps)
     print_table("64 tensors of 4 KiB in one tf.function vs one 256 KiB tensor",
                 ("case", "median (us)"),
                 [("64 x 4 KiB allreduced (split, 64 allreduces, concat)", "%.1f" % (t_many * 1e6)),

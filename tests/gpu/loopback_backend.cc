@@ -18,6 +18,7 @@ class LoopbackControl : public ControlChannel {
   Status PollWorkers(std::vector<std::pair<int, std::string>>*) override { return Status::OK(); }
   Status PollCoordinator(std::vector<std::string>*) override { return Status::OK(); }
   Status FlushSends() override { return Status::OK(); }
+  std::string Describe() const override { return "none (one rank)"; }
 
  private:
   static Status NoPeers() { return Status::Internal("loopback backend: there are no peers"); }

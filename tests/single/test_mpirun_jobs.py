@@ -40,8 +40,12 @@ def test_normal_end_is_clean():
     assert "exited improperly" not in text and "did not call" not in text
 
 
-@pytest.mark.parametrize("control", ["mpi", "tcp"])
-def test_control_transports(control):
+@pytest.mark.parametrize("control,shm,says", [
+    ("mpi", "1", "control channel: MPI messages"),
+    ("tcp", "1", "control channel: sockets to 2 peers, 2 of them through shared memory"),
+    ("tcp", "0", "control channel: sockets to 2 peers, 0 of them through shared memory"),
+])
+def test_control_transports(control, shm, says):
     out = mpirun(3, """
         import tensorflow as tf, tfhvd.tensorflow as hvd
         hvd.init()
@@ -53,12 +57,13 @@ def test_control_transports(control):
         except tf.errors.InvalidArgumentError as e:
             say("mismatch reported", "rank 2 sent shape [3]" in e.message)
         say("ok", [float(v[0]) for v in vals] == [3.0 + 3 * i for i in range(20)])
-    """, env={"TFHVD_CONTROL": control})
+    """, env={"TFHVD_CONTROL": control, "TFHVD_CONTROL_SHM": shm, "TFHVD_LOG_LEVEL": "info"})
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert text.count("ok True") == 3, text
     assert text.count("mismatch reported True") == 3, text
     assert "negotiating over MPI instead" not in text
+    assert says in text, text  # rank 0's log line: the transport really in use
 
 
 def test_mpi4py_alongside_tfhvd():

@@ -29,7 +29,8 @@ struct Topology {
 };
 
 // Point-to-point negotiation messages between workers and the coordinator
-// (rank 0).  All calls are non-blocking; only the background thread calls.
+// (rank 0).  All calls are non-blocking; only the thread that holds the
+// runtime's loop calls (Runtime::Drive).
 class ControlChannel {
  public:
   virtual ~ControlChannel() = default;
@@ -44,6 +45,8 @@ class ControlChannel {
   // eventfd) is readable, or `timeout` passes, and returns true.  A channel
   // that cannot block returns false at once and the caller polls instead.
   virtual bool Wait(int wake_fd, std::chrono::microseconds timeout) { return false; }
+  // What carries the messages, for the log ("MPI messages", ...).
+  virtual std::string Describe() const = 0;
 };
 // A message with empty bytes from PollWorkers/PollCoordinator means that the
 // peer's connection closed: the process is gone.
@@ -119,6 +122,8 @@ class Backend {
   // Collectives for tensors on `device` (-1: host).  Null when no backend
   // for that memory kind was built.
   virtual Collectives* collectives(int device) = 0;
+  // Whether collectives(device >= 0) exists (a GPU build).
+  virtual bool has_device_collectives() const { return false; }
   // Whether the transport allows other threads to use it concurrently.
   virtual bool threads_supported() const = 0;
   // Host collectives over the ranks of this node (in local_rank order), or

@@ -53,6 +53,10 @@ Status Runtime::Start() {
   }
   last_round_ = Clock::now();
   blocking_channel_ = backend_->control()->Wait(queue_.wake_fd(), Micros(0));
+  // With GPU collectives the loop stays on the background thread: running
+  // NCCL work would change a caller's current CUDA device.
+  drive_on_callers_ = !backend_->has_device_collectives();
+  TFHVD_LOG(log_, kInfo, "control channel: " << backend_->control()->Describe());
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
 }
@@ -344,6 +348,10 @@ bool Runtime::Active(bool shutting_down) const {
 }
 
 bool Runtime::Drive(const std::function<void()>& submit, const std::atomic<bool>& done) {
+  if (!drive_on_callers_) {
+    submit();
+    return false;
+  }
   // Registered before submitting, so that the submission does not wake the
   // parked background thread (Enqueue).
   drivers_.fetch_add(1);

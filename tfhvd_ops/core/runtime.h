@@ -53,7 +53,8 @@ class Runtime {
   // holds the loop (others wait for it).  Everything pending progresses, not
   // only the caller's own entries, so this can never deadlock where waiting
   // would not.  Returns false, having done nothing more, once shutdown has
-  // begun: the caller then waits for the background thread as usual.
+  // begun, or in a build with GPU collectives (whose work must stay on the
+  // background thread): the caller then waits for the background thread.
   bool Drive(const std::function<void()>& submit, const std::atomic<bool>& done);
 
   const Topology& topology() const { return backend_->topology(); }
@@ -96,6 +97,7 @@ class Runtime {
   Executor executor_;
   std::thread thread_;
   bool blocking_channel_ = false;    // the channel can Wait() (TCP)
+  bool drive_on_callers_ = true;     // Drive() may run the loop (no GPU backend)
   // Held by whichever thread runs a pass of the loop: the background thread
   // or a caller in Drive().  Everything below it is guarded by it.
   std::mutex role_mu_;

@@ -56,6 +56,7 @@ void Reduce16Fn(void* in, void* inout, int* len, MPI_Datatype*) {
 class MpiControl : public ControlChannel {
  public:
   explicit MpiControl(MPI_Comm comm) : comm_(comm) {}
+  std::string Describe() const override { return "MPI messages"; }
 
   Status SendToCoordinator(std::string bytes) override { return Send(0, kRequestTag, std::move(bytes)); }
   Status SendToWorker(int rank, std::string bytes) override {

@@ -28,6 +28,7 @@ class NcclBackend : public Backend {
     gpu_->Select(device);
     return gpu_.get();
   }
+  bool has_device_collectives() const override { return true; }
   bool threads_supported() const override { return host_->threads_supported(); }
   Collectives* local_collectives() override { return host_->local_collectives(); }
   Collectives* cross_collectives() override { return host_->cross_collectives(); }

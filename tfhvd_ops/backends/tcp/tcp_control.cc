@@ -229,6 +229,15 @@ class TcpControl : public ControlChannel {
     return Status::OK();
   }
 
+  std::string Describe() const override {
+    int shm = 0;
+    for (const Peer& p : peers_) shm += p.link ? 1 : 0;
+    std::ostringstream o;
+    o << "sockets to " << peers_.size() << (peers_.size() == 1 ? " peer" : " peers") << ", "
+      << shm << " of them through shared memory";
+    return o.str();
+  }
+
   bool Wait(int wake_fd, std::chrono::microseconds timeout) override {
     std::vector<struct pollfd> fds;
     std::vector<Peer*> polled;

@@ -1,0 +1,39 @@
+"""The examples a newcomer copies from run as documented (tiny settings):
+each finishes under ``tfhvdrun -np 2`` and prints what its docstring says.
+These check that the scripts work, not how fast: timings are for reading."""
+
+import os
+import re
+import sys
+
+from jobs import ROOT, launch
+
+PY = sys.executable
+
+
+def example(name: str, *args: str, timeout: float = 240):
+    job = launch(["-np", "2", PY, os.path.join(ROOT, "examples", name)] + list(args),
+                 timeout=timeout)
+    assert job.rc == 0, job.explain()
+    return job
+
+
+def test_allreduce_benchmark_prints_its_tables():
+    job = example("allreduce_benchmark.py", "--reps", "5", "--max-mib", "1")
+    rows = re.findall(r"\| (\d+ [KM]iB) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", job.out)
+    assert [r[0] for r in rows] == ["1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB"], \
+        job.explain()
+    assert all(float(v) > 0 for r in rows for v in r[1:]), rows
+    assert "ratio 64 x 4 KiB / 1 x 256 KiB" in job.out
+    assert "idle/off" in job.out
+
+
+def test_tensorflow_digits_trains():
+    job = example("tensorflow_digits.py", "--epochs", "1")
+    assert re.search(r"epoch 1\b.*loss", job.out, re.IGNORECASE), job.explain()
+
+
+def test_keras_synthetic_benchmark_runs():
+    job = example("keras_synthetic_benchmark.py", "--num-iters", "2",
+                  "--num-batches-per-iter", "2", "--num-warmup-batches", "1")
+    assert re.search(r"img/sec", job.out), job.explain()
