@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <thread>
 #include <map>
 #include <string>
 #include <vector>
@@ -261,6 +262,23 @@ void TestDrive(int rank, int size) {
   }
   for (auto& f : futs) CHECK(f.get().ok());
   for (int t = 0; t < n; ++t) CHECK(outs[t]->f()[1] == static_cast<float>(t * size));
+  // Two callers drive at once on rank 0: A waits for "x", which the other
+  // ranks submit last; B submits "y" then "z".  B must get past "y" (done by
+  // A's loop) while A still holds the loop, or "z", and so "x", never come.
+  auto run = [&](const char* name) {
+    auto o = std::make_shared<HostTensor>(DataType::kFloat32, Shape{4});
+    Status st = Allreduce(name, in, o, ReduceOp::kSum, /*drive=*/true);
+    return st.ok() && o->f()[0] == static_cast<float>(size * (size + 1) / 2);
+  };
+  if (rank == 0) {
+    auto a = std::async(std::launch::async, [&] { return run("x"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto b = std::async(std::launch::async, [&] { return run("y") && run("z"); });
+    CHECK(b.get());
+    CHECK(a.get());
+  } else {
+    CHECK(run("y") && run("z") && run("x"));
+  }
 }
 
 // Negotiation messages larger than the control channel's buffers (1 MiB

@@ -17,7 +17,7 @@ class LoopbackControl : public ControlChannel {
   Status SendToWorker(int, std::string) override { return NoPeers(); }
   Status PollWorkers(std::vector<std::pair<int, std::string>>*) override { return Status::OK(); }
   Status PollCoordinator(std::vector<std::string>*) override { return Status::OK(); }
-  Status FlushSends() override { return Status::OK(); }
+  Status FlushSends(double) override { return Status::OK(); }
   std::string Describe() const override { return "none (one rank)"; }
 
  private:

@@ -93,6 +93,22 @@ def test_stdout_between_traceback_lines_is_not_the_error():
     assert t.culprit() == ([1], "raised RuntimeError: injected")
 
 
+def test_mpirun_message_splitting_a_traceback_line():
+    # mpirun's own message lands between a traceback line's indentation and
+    # its text: "main()" then stands at column 0 but is not the exception.
+    t = tracked(
+        "[1,0]<stderr>:[tfhvd ERROR rank 0] rank 1 exited or lost its connection\n"
+        "[1,0]<stderr>:Traceback (most recent call last):\n"
+        '[1,0]<stderr>:  File "train.py", line 112, in <module>\n'
+        "[1,0]<stderr>:    -----------------------------------------------\n"
+        "[1,0]<stderr>:main()\n"
+        '[1,0]<stderr>:  File "train.py", line 88, in main\n'
+        "[1,0]<stderr>:tensorflow.python.framework.errors_impl.AbortedError: tfhvd: allreduce "
+        "of tensor 'g' cannot complete: ranks [1] have exited or lost their connection\n")
+    assert t.culprit()[0] == [1], t.summary(1)
+    assert "raised main()" not in t.summary(1)
+
+
 def test_killed_rank():
     t = tracked("--------\nmpirun noticed that process rank 1 with PID 0 on node vm exited on "
                 "signal 9 (Killed).\n--------\n")

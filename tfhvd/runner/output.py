@@ -38,6 +38,10 @@ _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _STALL_ITEM = re.compile(r"'(.+)' waited (\d+) s; missing ranks \[([\d, ]*)\]")
 # Lines at column 0 inside a traceback that are not its exception line.
 _TB_CHAIN = ("During handling of the above exception", "The above exception was the direct")
+# What an exception line looks like: "pkg.module.Name: message" or "Name".
+# Anything else at column 0 is a traceback line whose indentation mpirun
+# split off (its own message landed mid-line): "main()".
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")
 
 
 @dataclass
@@ -158,7 +162,7 @@ class FailureTracker:
             return
         if not self._in_tb.get(rank) or text[:1] in (" ", "\t", ""):
             return
-        if text.startswith(_TB_CHAIN):
+        if text.startswith(_TB_CHAIN) or not _EXCEPTION_LINE.match(text):
             return
         self._in_tb[rank] = False
         err = _RankError(self._seq, rank, text.strip())

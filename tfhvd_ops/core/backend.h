@@ -39,8 +39,10 @@ class ControlChannel {
   // Appends every message that has arrived, without waiting.
   virtual Status PollWorkers(std::vector<std::pair<int, std::string>>* out) = 0;
   virtual Status PollCoordinator(std::vector<std::string>* out) = 0;
-  // Waits until every send has been delivered to the transport.
-  virtual Status FlushSends() = 0;
+  // Waits until every send has been handed to the transport.  A peer that
+  // takes no bytes for `timeout_s` is given up on (reported lost by the next
+  // poll).
+  virtual Status FlushSends(double timeout_s) = 0;
   // Blocks until a message may have arrived, `wake_fd` (the tensor queue's
   // eventfd) is readable, or `timeout` passes, and returns true.  A channel
   // that cannot block returns false at once and the caller polls instead.

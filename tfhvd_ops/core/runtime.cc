@@ -27,6 +27,10 @@ constexpr Micros kSpinFor{100};
 constexpr Micros kLinger{50};
 constexpr Micros kFirstWait{20};
 constexpr Micros kMaxWait{1000};
+// How long sends may take to leave: at shutdown, and otherwise (a peer that
+// dies is noticed at once, through its socket).
+constexpr double kShutdownFlushSeconds = 10.0;
+constexpr double kForever = 1e9;
 
 }  // namespace
 
@@ -61,11 +65,14 @@ Status Runtime::Start() {
   return Status::OK();
 }
 
-// Set while this thread submits in Drive(): it takes its entries itself next.
-thread_local bool t_submitting = false;
+// The runtime this thread submits to in Drive(): it takes its entries itself
+// next, so they need no signal.
+thread_local const Runtime* t_submitting = nullptr;
+// Set while this thread runs the loop in Drive().
+thread_local bool t_in_loop = false;
 
 Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
-  TFHVD_RETURN_IF_ERROR(queue_.Add(std::move(entries), /*signal=*/!t_submitting));
+  TFHVD_RETURN_IF_ERROR(queue_.Add(std::move(entries), /*signal=*/t_submitting != this));
   // The background thread may still be parked after a Drive() that ended.
   if (drivers_.load() == 0 && parked_.load()) WakeBackground();
   return Status::OK();
@@ -238,7 +245,10 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     // Every worker must be able to read the whole list before we block in
     // its collectives: a list larger than the transport's buffer would
     // otherwise wait in ours while we wait for the workers.
-    Status fs = ch->FlushSends();
+    // A worker that is alive reads its channel all the time; only the stall
+    // shutdown time, when set, bounds the wait for one that does not.
+    Status fs = ch->FlushSends(settings_.stall_shutdown_time_s > 0 ? settings_.stall_shutdown_time_s
+                                                                   : kForever);
     if (!fs.ok()) TFHVD_LOG(log_, kError, fs.message());
     if (log_.Enabled(LogLevel::kDebug)) {
       size_t tensors = 0;
@@ -347,48 +357,108 @@ bool Runtime::Active(bool shutting_down) const {
   return queue_.HasPending() || shutting_down || (coordinator_ && coordinator_->HasPending());
 }
 
+// Restores the thread's submission mark, and undoes a driver's registration
+// unless dismissed, even if submit() throws.
+class Runtime::SubmitScope {
+ public:
+  SubmitScope(Runtime* rt) : rt_(rt) {
+    rt_->drivers_.fetch_add(1);
+    t_submitting = rt;
+  }
+  ~SubmitScope() {
+    t_submitting = nullptr;
+    if (!dismissed_) {
+      rt_->drivers_.fetch_sub(1);
+      rt_->WakeBackground();
+    }
+  }
+  void Dismiss() { dismissed_ = true; }
+
+ private:
+  Runtime* rt_;
+  bool dismissed_ = false;
+};
+
 bool Runtime::Drive(const std::function<void()>& submit, const std::atomic<bool>& done) {
-  if (!drive_on_callers_) {
+  // A thread already running the loop (a callback that runs an eager op)
+  // cannot take the role again.
+  if (!drive_on_callers_ || t_in_loop) {
     submit();
     return false;
   }
-  // Registered before submitting, so that the submission does not wake the
-  // parked background thread (Enqueue).
-  drivers_.fetch_add(1);
-  t_submitting = true;
-  submit();
-  t_submitting = false;
-  if (shutdown_requested_.load()) {
-    drivers_.fetch_sub(1);
-    WakeBackground();
-    return false;
+  {
+    // Registered before submitting, so that the submission does not wake
+    // the parked background thread (Enqueue).
+    SubmitScope scope(this);
+    submit();
+    if (!shutdown_requested_.load() && TakeRoleUnless(done)) {
+      scope.Dismiss();
+    } else {
+      return done.load();  // the scope unregisters and wakes the background thread
+    }
   }
-  std::unique_lock<std::mutex> role(role_mu_, std::try_to_lock);
-  if (!role.owns_lock()) {
-    // The background thread (or another caller) holds the loop, maybe asleep
-    // in its wait: the queue's eventfd wakes it, and it parks or takes our
-    // entries.
-    queue_.Notify();
-    role.lock();
-  }
+  t_in_loop = true;
   IdleState st{Clock::now()};
   Micros backoff = kFirstWait;
-  while (!done.load(std::memory_order_acquire) && !shutdown_requested_.load()) {
+  while (!done.load() && !shutdown_requested_.load()) {
     timeline_.MarkCycle();
     if (Step(false)) {
+      NotifyRoleWaiters();
       st.idle_since = Clock::now();
       backoff = kFirstWait;
       continue;
     }
-    if (!done.load(std::memory_order_acquire)) IdleWait(st, true, &backoff);
+    if (!done.load()) IdleWait(st, true, &backoff);
   }
+  t_in_loop = false;
   // Whatever is left (another thread's collectives) goes back to the
   // background thread; Dekker-style with Enqueue's check of drivers_.
   drivers_.fetch_sub(1);
   const bool left = Active(false) || queue_.HasIncoming() || shutdown_requested_.load();
-  role.unlock();
+  ReleaseRole();
   if (left) WakeBackground();
-  return done.load(std::memory_order_acquire);
+  return done.load();
+}
+
+void Runtime::TakeRole() {
+  std::unique_lock<std::mutex> l(role_mu_);
+  role_waiters_.fetch_add(1);
+  role_cv_.wait(l, [this] { return !role_held_; });
+  role_waiters_.fetch_sub(1);
+  role_held_ = true;
+}
+
+bool Runtime::TakeRoleUnless(const std::atomic<bool>& done) {
+  std::unique_lock<std::mutex> l(role_mu_);
+  if (!role_held_) {
+    role_held_ = true;
+    return true;
+  }
+  role_waiters_.fetch_add(1);
+  // The holder may sleep in its wait: the eventfd wakes it, and it parks
+  // (the background thread) or takes our entries (another caller).
+  queue_.Notify();
+  role_cv_.wait(l, [this, &done] { return !role_held_ || done.load(); });
+  role_waiters_.fetch_sub(1);
+  if (role_held_) return false;
+  role_held_ = true;
+  return true;
+}
+
+void Runtime::ReleaseRole() {
+  {
+    std::lock_guard<std::mutex> l(role_mu_);
+    role_held_ = false;
+  }
+  if (role_waiters_.load() > 0) role_cv_.notify_all();
+}
+
+void Runtime::NotifyRoleWaiters() {
+  // Pairs with TakeRoleUnless: `done` is stored before this load, the
+  // waiter's count before its load of `done` (both sequentially consistent).
+  if (role_waiters_.load() == 0) return;
+  std::lock_guard<std::mutex> l(role_mu_);
+  role_cv_.notify_all();
 }
 
 void Runtime::WakeBackground() {
@@ -407,11 +477,11 @@ void Runtime::Loop() {
   Clock::time_point shutdown_since{}, shutdown_warned{};
   // The role is held through the waits too: the channel is only ever used by
   // one thread.  A caller that wants to drive kicks the wait (Drive).
-  std::unique_lock<std::mutex> role(role_mu_);
+  TakeRole();
   while (true) {
     // A caller is driving (Drive): stay out of its way until it is done.
     if (drivers_.load() > 0 && !shutdown_requested_.load()) {
-      role.unlock();
+      ReleaseRole();
       {
         std::unique_lock<std::mutex> l(park_mu_);
         parked_.store(true);
@@ -420,7 +490,7 @@ void Runtime::Loop() {
         });
         parked_.store(false);
       }
-      role.lock();
+      TakeRole();
       st.idle_since = Clock::now();
       continue;
     }
@@ -435,6 +505,7 @@ void Runtime::Loop() {
       }
     }
     bool progress = Step(shutting_down);
+    if (progress) NotifyRoleWaiters();
     if (coordinator ? (shutting_down && coordinator_->AllWorkersShutDown() &&
                        !coordinator_->HasPending())
                     : (shutting_down && shutdown_sent_ && coordinator_gone_)) {
@@ -448,8 +519,9 @@ void Runtime::Loop() {
     IdleWait(st, Active(shutting_down), &backoff);
   }
   // Sends to stuck peers may never complete: flush only after a clean exit.
-  if (!abandoned_) backend_->control()->FlushSends();
+  if (!abandoned_) backend_->control()->FlushSends(kShutdownFlushSeconds);
   FailAll(Status::Aborted("tfhvd: shut down while this collective was pending"));
+  ReleaseRole();
 }
 
 }  // namespace tfhvd

@@ -55,6 +55,10 @@ class Runtime {
   // would not.  Returns false, having done nothing more, once shutdown has
   // begun, or in a build with GPU collectives (whose work must stay on the
   // background thread): the caller then waits for the background thread.
+  // A caller that finds another thread holding the loop waits for the role
+  // or for its own op to be done (by that thread), whichever comes first:
+  // it never waits on another caller's op.  `done` must be set with a
+  // sequentially consistent store.
   bool Drive(const std::function<void()>& submit, const std::atomic<bool>& done);
 
   const Topology& topology() const { return backend_->topology(); }
@@ -64,11 +68,12 @@ class Runtime {
 
  private:
   using Micros = std::chrono::microseconds;
+  class SubmitScope;
   struct IdleState {
     std::chrono::steady_clock::time_point idle_since;
   };
   void Loop();
-  // One pass of the loop (the caller holds role_mu_); true when something
+  // One pass of the loop (the caller holds the role); true when something
   // happened.
   bool Step(bool shutting_down);
   // The wait after a pass that did nothing (see runtime.cc).
@@ -76,6 +81,13 @@ class Runtime {
   // Collectives outstanding on this rank (or, on rank 0, anywhere).
   bool Active(bool shutting_down) const;
   void WakeBackground();
+  // The role (see role_mu_).  TakeRoleUnless gives up, returning false, once
+  // `done` is set while another thread holds the role.
+  void TakeRole();
+  bool TakeRoleUnless(const std::atomic<bool>& done);
+  void ReleaseRole();
+  // After a pass that made progress: lets waiters re-check their `done`.
+  void NotifyRoleWaiters();
   bool CoordinatorStep(bool shutting_down);
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
@@ -98,16 +110,20 @@ class Runtime {
   std::thread thread_;
   bool blocking_channel_ = false;    // the channel can Wait() (TCP)
   bool drive_on_callers_ = true;     // Drive() may run the loop (no GPU backend)
-  // Held by whichever thread runs a pass of the loop: the background thread
-  // or a caller in Drive().  Everything below it is guarded by it.
-  std::mutex role_mu_;
+  // The loop's role: held by whichever thread runs the loop (the background
+  // thread, or a caller in Drive()), its waits included.  The loop state
+  // below is only touched by the holder.
+  std::mutex role_mu_;                // guards role_held_
+  std::condition_variable role_cv_;   // role released, or a waiter's op done
+  bool role_held_ = false;
+  std::atomic<int> role_waiters_{0};
   std::atomic<int> drivers_{0};      // callers in Drive()
   std::atomic<bool> parked_{false};  // the background thread waits on park_cv_
   std::mutex park_mu_;
   std::condition_variable park_cv_;
   std::atomic<bool> shutdown_requested_{false};
   bool stopped_ = false;
-  // Loop state (guarded by role_mu_).
+  // Loop state (touched only by the role's holder).
   bool shutdown_sent_ = false;       // worker told the coordinator
   bool coordinator_gone_ = false;    // coordinator told us it left
   bool abandoned_ = false;           // gave up waiting for the peers to shut down

@@ -175,7 +175,7 @@ class HorovodOp : public AsyncOpKernel {
     std::atomic<bool> finished{false};
     absl::Notification notification;
     auto done = [&finished, &notification] {
-      finished.store(true, std::memory_order_release);
+      finished.store(true);  // sequentially consistent: Runtime::Drive
       notification.Notify();
     };
     core::DriveUntil([&] { ComputeAsync(ctx, done); }, finished);

@@ -97,6 +97,7 @@ static Status MapLink(int fd, size_t bytes, bool create, uint64_t capacity, void
 }
 
 Status ShmLink::Create(uint64_t capacity, std::unique_ptr<ShmLink>* out, int* fd) {
+  capacity = (capacity + 63) / 64 * 64;  // keeps the second ring's header aligned
   const size_t bytes = LinkBytes(capacity);
   *fd = memfd_create("tfhvd-control", MFD_CLOEXEC);
   if (*fd < 0) return Status::Internal(std::string("memfd_create: ") + std::strerror(errno));

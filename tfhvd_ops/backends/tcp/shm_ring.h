@@ -34,7 +34,9 @@ class ShmRing {
     alignas(64) std::atomic<uint64_t> tail;  // bytes ever read
     alignas(64) std::atomic<uint32_t> reader_sleeping;
   };
-  static_assert(std::atomic<uint64_t>::is_always_lock_free, "rings need lock-free atomics");
+  static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                    std::atomic<uint32_t>::is_always_lock_free,
+                "rings shared between processes need lock-free atomics");
 
   ShmRing() = default;
   ShmRing(void* base, uint64_t capacity);

@@ -204,17 +204,17 @@ class TcpControl : public ControlChannel {
     return st;
   }
 
-  // Waits (up to 10 s per peer) until every queued byte is with the
-  // transport.  A peer that is gone or does not read for that long is
+  // Waits (up to `timeout_s` per peer) until every queued byte is with the
+  // transport.  A peer that is gone, or takes nothing for that long, is
   // given up on: the next poll reports it lost.
-  Status FlushSends() override {
+  Status FlushSends(double timeout_s) override {
     for (Peer& p : peers_) {
       if (p.closed || p.out.empty()) continue;
       bool sent = false;
       if (!p.link) {
-        sent = WriteAll(p.fd, p.out.data(), p.out.size(), 10.0);
+        sent = WriteAll(p.fd, p.out.data(), p.out.size(), timeout_s);
       } else {
-        const auto deadline = Clock::now() + std::chrono::seconds(10);
+        const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
         while (!p.out.empty() && Clock::now() < deadline) {
           Flush(p);
           if (p.out.empty()) break;
@@ -423,7 +423,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     for (size_t i = 0; fd < 0 && i < candidates.size(); ++i) {
       fd = ConnectTo(candidates[i], std::stoi(port_s), 2.0);
     }
-  int32_t me = rank;
+    int32_t me = rank;
     if (fd < 0 || !WriteAll(fd, reinterpret_cast<const char*>(&me), 4, opt.connect_timeout_s)) {
       if (fd >= 0) close(fd);
       ok = 0;
@@ -466,15 +466,20 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
       via_unix.push_back(is_unix);
     }
   }
-  // Phase 3: shared memory for the workers on this host (shm_ring.h).
-  if (all_ok && opt.shared_memory) {
+  // Phase 3: shared memory for the workers on this host (shm_ring.h).  Rank
+  // 0 decides: it sends every worker that came over the Unix socket one byte,
+  // 'L' with the memfd or 'N' without; only an 'L' is answered, 'A' (mapped)
+  // or 'N'.  Every rank runs the same bootstrap collectives whatever happens.
+  if (all_ok) {
     if (rank == 0 && ok) {
       for (size_t i = 0; i < peers.size(); ++i) {
         if (!via_unix[i]) continue;
         std::unique_ptr<ShmLink> link;
         int memfd = -1;
-        const bool made = ShmLink::Create(kShmRingBytes, &link, &memfd).ok();
-        if (SendFd(peers[i].fd, memfd, made ? 'L' : 'N') && made) {
+        const bool made = opt.shared_memory && ShmLink::Create(kShmRingBytes, &link, &memfd).ok();
+        if (!SendFd(peers[i].fd, memfd, made ? 'L' : 'N')) {
+          ok = 0;
+        } else if (made) {
           peers[i].link = std::move(link);
         }
         if (memfd >= 0) close(memfd);
@@ -482,21 +487,26 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     }
     TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
     if (rank > 0 && all_ok && worker_via_unix) {
-      char payload = 0, ack = 'N';
+      char payload = 0;
       int memfd = -1;
-      std::unique_ptr<ShmLink> link;
-      if (RecvFd(peers[0].fd, opt.connect_timeout_s, &payload, &memfd) && payload == 'L' &&
-          memfd >= 0 && ShmLink::Map(memfd, &link).ok()) {
-        peers[0].link = std::move(link);
-        ack = 'A';
+      if (!RecvFd(peers[0].fd, opt.connect_timeout_s, &payload, &memfd)) {
+        // The channel is abandoned (every rank learns it below); an answer
+        // spares rank 0 its wait for one.
+        ok = 0;
+        const char nack = 'N';
+        WriteAll(peers[0].fd, &nack, 1, 1.0);
+      } else if (payload == 'L') {
+        std::unique_ptr<ShmLink> link;
+        const char ack = memfd >= 0 && ShmLink::Map(memfd, &link).ok() ? 'A' : 'N';
+        if (ack == 'A') peers[0].link = std::move(link);
+        if (!WriteAll(peers[0].fd, &ack, 1, opt.connect_timeout_s)) ok = 0;
       }
       if (memfd >= 0) close(memfd);
-      if (!WriteAll(peers[0].fd, &ack, 1, opt.connect_timeout_s)) ok = 0;
     }
     if (rank == 0 && all_ok) {
-      for (size_t i = 0; i < peers.size(); ++i) {
-        char ack = 'N';
+      for (size_t i = 0; i < peers.size() && ok; ++i) {
         if (!peers[i].link) continue;
+        char ack = 'N';
         if (!ReadAll(peers[i].fd, &ack, 1, opt.connect_timeout_s)) ok = 0;
         if (ack != 'A') peers[i].link.reset();  // the worker could not map it
       }
