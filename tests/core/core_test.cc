@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
 #include <map>
@@ -201,25 +202,33 @@ void TestShmRing() {
   CHECK(coord->to_coordinator().Read(&got) == 2 && got == "xy");
 }
 
-// `drive`: the calling thread runs the runtime until its op is done, as an
-// eager TensorFlow op does (Runtime::Drive); else the background thread does.
-Status Allreduce(const std::string& name, std::shared_ptr<HostTensor> in,
-                 std::shared_ptr<HostTensor> out, ReduceOp op, bool drive = false) {
-  std::promise<Status> p;
-  std::atomic<bool> done{false};
+// A float32 allreduce of `in` into `out` whose completion calls `callback`.
+TensorTableEntry AllreduceEntry(const std::string& name, std::shared_ptr<HostTensor> in,
+                                std::shared_ptr<HostTensor> out, ReduceOp op,
+                                std::function<void(const Status&)> callback) {
   TensorTableEntry e;
   e.name = name;
   e.params.type = CollectiveType::kAllreduce;
   e.params.dtype = DataType::kFloat32;
   e.params.shape = in->shape();
   e.params.reduce_op = op;
-  e.input = in;
-  e.output = out;
+  e.input = std::move(in);
+  e.output = std::move(out);
   e.context = std::make_shared<HostContext>();
-  e.callback = [&p, &done](const Status& s) {
+  e.callback = std::move(callback);
+  return e;
+}
+
+// `drive`: the calling thread runs the runtime until its op is done, as an
+// eager TensorFlow op does (Runtime::Drive); else the background thread does.
+Status Allreduce(const std::string& name, std::shared_ptr<HostTensor> in,
+                 std::shared_ptr<HostTensor> out, ReduceOp op, bool drive = false) {
+  std::promise<Status> p;
+  std::atomic<bool> done{false};
+  TensorTableEntry e = AllreduceEntry(name, in, out, op, [&p, &done](const Status& s) {
     done.store(true);
     p.set_value(s);
-  };
+  });
   std::vector<TensorTableEntry> v;
   v.push_back(std::move(e));
   Status st;
@@ -293,18 +302,9 @@ void TestLargeMessages(int size) {
     auto in = std::make_shared<HostTensor>(DataType::kFloat32, Shape{1});
     in->f()[0] = static_cast<float>(i);
     outs.push_back(std::make_shared<HostTensor>(DataType::kFloat32, Shape{1}));
-    TensorTableEntry e;
-    e.name = std::string(3000, 'n') + std::to_string(i);
-    e.params.type = CollectiveType::kAllreduce;
-    e.params.dtype = DataType::kFloat32;
-    e.params.shape = Shape{1};
-    e.params.reduce_op = ReduceOp::kSum;
-    e.input = in;
-    e.output = outs.back();
-    e.context = std::make_shared<HostContext>();
     std::promise<Status>* p = &promises[i];
-    e.callback = [p](const Status& s) { p->set_value(s); };
-    group.push_back(std::move(e));
+    group.push_back(AllreduceEntry(std::string(3000, 'n') + std::to_string(i), in, outs.back(),
+                                   ReduceOp::kSum, [p](const Status& s) { p->set_value(s); }));
   }
   CHECK(EnqueueEntries(std::move(group)).ok());
   int ok = 0, right = 0;

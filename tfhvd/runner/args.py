@@ -26,27 +26,25 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number, got %r" % text) from None
-    if v < 1:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got %r" % text)
-    return v
-
-
-def _non_negative(kind):
+def _at_least(kind, minimum, what: str):
+    """An argparse type: `kind(text)`, at least `minimum`, else a clear error."""
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError("expected a number, got %r" % text) from None
-        if v < 0:
-            raise argparse.ArgumentTypeError("expected a number >= 0, got %r" % text)
+            raise argparse.ArgumentTypeError("expected %s, got %r" % (what, text)) from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError("expected %s >= %s, got %r" % (what, minimum, text))
         return v
     parse.__name__ = kind.__name__
     return parse
+
+
+_positive_int = _at_least(int, 1, "a whole number")
+
+
+def _non_negative(kind):
+    return _at_least(kind, 0, "a number")
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -331,8 +331,10 @@ bool Runtime::WorkerStep(bool shutting_down) {
 // of them; after finishing work it lingers kLinger the same way.  Then it
 // sleeps: on the channel and the queue together where the channel can block
 // (TCP), else on the queue with doubling waits up to kMaxWait.
-void Runtime::IdleWait(const IdleState& st, bool active, Micros* backoff) {
-  if (Clock::now() - st.idle_since < (active ? kSpinFor : kLinger)) {
+Runtime::IdleState::IdleState() : idle_since(Clock::now()), backoff(kFirstWait) {}
+
+void Runtime::IdleWait(IdleState* st, bool active) {
+  if (Clock::now() - st->idle_since < (active ? kSpinFor : kLinger)) {
     std::this_thread::yield();
     return;
   }
@@ -349,8 +351,8 @@ void Runtime::IdleWait(const IdleState& st, bool active, Micros* backoff) {
     queue_.Wait(kIdleWait);
     return;
   }
-  queue_.Wait(*backoff);
-  *backoff = std::min(*backoff * 2, kMaxWait);
+  queue_.Wait(st->backoff);
+  st->backoff = std::min(st->backoff * 2, kMaxWait);
 }
 
 bool Runtime::Active(bool shutting_down) const {
@@ -398,17 +400,10 @@ bool Runtime::Drive(const std::function<void()>& submit, const std::atomic<bool>
     }
   }
   t_in_loop = true;
-  IdleState st{Clock::now()};
-  Micros backoff = kFirstWait;
+  IdleState st;
   while (!done.load() && !shutdown_requested_.load()) {
     timeline_.MarkCycle();
-    if (Step(false)) {
-      NotifyRoleWaiters();
-      st.idle_since = Clock::now();
-      backoff = kFirstWait;
-      continue;
-    }
-    if (!done.load()) IdleWait(st, true, &backoff);
+    if (!Step(false, &st) && !done.load()) IdleWait(&st, true);
   }
   t_in_loop = false;
   // Whatever is left (another thread's collectives) goes back to the
@@ -466,14 +461,20 @@ void Runtime::WakeBackground() {
   park_cv_.notify_one();
 }
 
-bool Runtime::Step(bool shutting_down) {
-  return topology().rank == 0 ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
+bool Runtime::Step(bool shutting_down, IdleState* st) {
+  const bool progress =
+      topology().rank == 0 ? CoordinatorStep(shutting_down) : WorkerStep(shutting_down);
+  if (progress) {
+    NotifyRoleWaiters();
+    st->idle_since = Clock::now();
+    st->backoff = kFirstWait;
+  }
+  return progress;
 }
 
 void Runtime::Loop() {
   const bool coordinator = topology().rank == 0;
-  IdleState st{Clock::now()};
-  Micros backoff = kFirstWait;
+  IdleState st;
   Clock::time_point shutdown_since{}, shutdown_warned{};
   // The role is held through the waits too: the channel is only ever used by
   // one thread.  A caller that wants to drive kicks the wait (Drive).
@@ -504,19 +505,13 @@ void Runtime::Loop() {
         break;
       }
     }
-    bool progress = Step(shutting_down);
-    if (progress) NotifyRoleWaiters();
+    const bool progress = Step(shutting_down, &st);
     if (coordinator ? (shutting_down && coordinator_->AllWorkersShutDown() &&
                        !coordinator_->HasPending())
                     : (shutting_down && shutdown_sent_ && coordinator_gone_)) {
       break;
     }
-    if (progress) {
-      st.idle_since = Clock::now();
-      backoff = kFirstWait;
-      continue;
-    }
-    IdleWait(st, Active(shutting_down), &backoff);
+    if (!progress) IdleWait(&st, Active(shutting_down));
   }
   // Sends to stuck peers may never complete: flush only after a clean exit.
   if (!abandoned_) backend_->control()->FlushSends(kShutdownFlushSeconds);

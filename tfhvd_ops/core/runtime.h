@@ -69,15 +69,18 @@ class Runtime {
  private:
   using Micros = std::chrono::microseconds;
   class SubmitScope;
+  // When the running thread last made progress, and its next poll interval.
   struct IdleState {
+    IdleState();
     std::chrono::steady_clock::time_point idle_since;
+    Micros backoff;
   };
   void Loop();
   // One pass of the loop (the caller holds the role); true when something
-  // happened.
-  bool Step(bool shutting_down);
+  // happened, which also resets `st` and lets role waiters look again.
+  bool Step(bool shutting_down, IdleState* st);
   // The wait after a pass that did nothing (see runtime.cc).
-  void IdleWait(const IdleState& st, bool active, Micros* backoff);
+  void IdleWait(IdleState* st, bool active);
   // Collectives outstanding on this rank (or, on rank 0, anywhere).
   bool Active(bool shutting_down) const;
   void WakeBackground();

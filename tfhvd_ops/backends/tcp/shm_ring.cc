@@ -110,17 +110,22 @@ Status ShmLink::Create(uint64_t capacity, std::unique_ptr<ShmLink>* out, int* fd
     *fd = -1;
     return st;
   }
-  std::unique_ptr<ShmLink> link(new ShmLink());
-  link->map_ = p;
-  link->bytes_ = bytes;
-  char* base = static_cast<char*>(p) + sizeof(Prefix);
   // A fresh memfd reads as zeros: both rings start empty and awake.
+  char* base = static_cast<char*>(p) + sizeof(Prefix);
   new (base) ShmRing::Header();
   new (base + ShmRing::Bytes(capacity)) ShmRing::Header();
+  *out = Wrap(p, bytes, capacity);
+  return Status::OK();
+}
+
+std::unique_ptr<ShmLink> ShmLink::Wrap(void* map, size_t bytes, uint64_t capacity) {
+  std::unique_ptr<ShmLink> link(new ShmLink());
+  link->map_ = map;
+  link->bytes_ = bytes;
+  char* base = static_cast<char*>(map) + sizeof(Prefix);
   link->to_worker_ = ShmRing(base, capacity);
   link->to_coordinator_ = ShmRing(base + ShmRing::Bytes(capacity), capacity);
-  *out = std::move(link);
-  return Status::OK();
+  return link;
 }
 
 Status ShmLink::Map(int fd, std::unique_ptr<ShmLink>* out) {
@@ -131,14 +136,7 @@ Status ShmLink::Map(int fd, std::unique_ptr<ShmLink>* out) {
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* p = nullptr;
   TFHVD_RETURN_IF_ERROR(MapLink(fd, bytes, false, 0, &p));
-  const uint64_t capacity = static_cast<Prefix*>(p)->capacity;
-  std::unique_ptr<ShmLink> link(new ShmLink());
-  link->map_ = p;
-  link->bytes_ = bytes;
-  char* base = static_cast<char*>(p) + sizeof(Prefix);
-  link->to_worker_ = ShmRing(base, capacity);
-  link->to_coordinator_ = ShmRing(base + ShmRing::Bytes(capacity), capacity);
-  *out = std::move(link);
+  *out = Wrap(p, bytes, static_cast<Prefix*>(p)->capacity);
   return Status::OK();
 }
 

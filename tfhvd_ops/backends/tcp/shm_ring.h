@@ -72,6 +72,8 @@ class ShmLink {
   ShmRing& to_coordinator() { return to_coordinator_; }
 
  private:
+  // Takes ownership of a mapping laid out as described in shm_ring.cc.
+  static std::unique_ptr<ShmLink> Wrap(void* map, size_t bytes, uint64_t capacity);
   void* map_ = nullptr;
   size_t bytes_ = 0;
   ShmRing to_worker_, to_coordinator_;
