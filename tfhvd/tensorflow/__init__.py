@@ -20,7 +20,7 @@ from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
                                             grouped_allreduce, grouped_reducescatter,
                                             reducescatter)
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
-                                      alltoall, barrier, broadcast, grouped_allgather, join,
+                                      alltoall, barrier, broadcast, broadcast_, grouped_allgather, join,
                                       local_rank_op, local_size_op, process_set_included_op,
                                       rank_op, size_op)
 from tfhvd.version import __version__
@@ -29,6 +29,7 @@ __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "HorovodInternalError",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
+    "broadcast_",
     "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
     "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
