@@ -199,6 +199,18 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
                                     tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor))
 
 
+def _as_tf_variable(v):
+    """The tf.Variable behind ``v`` (a Keras 3 variable holds one); TypeError if none."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    inner = getattr(v, "_value", None) if not isinstance(v, tf.Variable) else None
+    if isinstance(inner, tf.Variable):
+        return inner
+    if isinstance(v, tf.Variable) or resource_variable_ops.is_resource_variable(v):
+        return v
+    raise TypeError("broadcast_ takes variables, got %r; use hvd.broadcast for tensors" % (v,))
+
+
 def broadcast_(variables, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set):
     """Broadcasts ``root_rank``'s values into ``variables`` in place (Horovod's ``broadcast_``).
@@ -210,13 +222,9 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
     """
     from tensorflow.python.ops import resource_variable_ops
 
-    variables = list(variables)
+    variables = [_as_tf_variable(v) for v in variables]
     if not variables:
         return []
-    for v in variables:
-        if not isinstance(v, tf.Variable) and not resource_variable_ops.is_resource_variable(v):
-            raise TypeError("broadcast_ takes variables, got %r; use hvd.broadcast for tensors"
-                            % (v,))
     _check_ready([], _ALL_DTYPES, "broadcast_", process_set)
     for v in variables:
         if v.dtype.base_dtype.as_datatype_enum not in _ALL_DTYPES.enums:
