@@ -13,9 +13,11 @@ from tfhvd.common.basics import (ProcessSet, ccl_built, cross_rank, cross_size, 
                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                  rocm_built, settings, shutdown, size, start_timeline,
                                  stop_timeline)
-from tfhvd.common.exceptions import HorovodInternalError, TfhvdInternalError
+from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, TfhvdInternalError
 from tfhvd.tensorflow.compression import Compression
-from tfhvd.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from tfhvd.tensorflow.functions import (BroadcastGlobalVariablesHook, allgather_object,
+                                        broadcast_global_variables, broadcast_object,
+                                        broadcast_object_fn, broadcast_variables)
 from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
                                             grouped_allreduce, grouped_reducescatter,
                                             reducescatter)
@@ -26,10 +28,11 @@ from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, a
 from tfhvd.version import __version__
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "HorovodInternalError",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression",
+    "DistributedGradientTape", "HorovodInternalError", "HostsUpdatedInterrupt",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
-    "broadcast_",
+    "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
     "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
     "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
