@@ -139,8 +139,17 @@ class GradientReduction:
 
     # ------------------------------------------------------------ local variables
 
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient local (``DistributedOptimizer.register_local_var``)."""
+        registered = self.__dict__.setdefault("_registered_keys", set())
+        registered.add(_flavor.variable_key(var))
+
     def local_keys(self) -> set:
         """Names of the variables whose gradients are not reduced."""
+        registered = self.__dict__.get("_registered_keys", set())
+        return self._layer_keys() | registered if registered else self._layer_keys()
+
+    def _layer_keys(self) -> set:
         if self._local_keys is None:
             if not self._local_layers:
                 return set()

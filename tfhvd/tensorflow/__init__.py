@@ -18,7 +18,8 @@ from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.functions import (BroadcastGlobalVariablesHook, allgather_object,
                                         broadcast_global_variables, broadcast_object,
                                         broadcast_object_fn, broadcast_variables)
-from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
+from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape,
+                                            PartialDistributedGradientTape, allreduce,
                                             grouped_allreduce, grouped_reducescatter,
                                             reducescatter)
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
@@ -30,6 +31,7 @@ from tfhvd.version import __version__
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression",
     "DistributedGradientTape", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "PartialDistributedGradientTape",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
     "broadcast_", "broadcast_global_variables", "broadcast_object_fn",

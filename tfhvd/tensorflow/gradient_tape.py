@@ -214,3 +214,39 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
     tape._tfhvd_local = set()
     return tape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression=Compression.none,
+                                   sparse_as_dense: bool = False, op: int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups=None, process_set: ProcessSet = global_process_set,
+                                   local_layers=None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """A ``DistributedGradientTape`` that leaves the gradients of ``local_layers``'
+    trainable weights unreduced (Horovod's ``PartialDistributedGradientTape``).
+
+    ``local_layers`` is a Keras layer or a list of them (Keras 3 or tf-keras);
+    variables are matched by identity, so Keras 3 variables (no ``.ref()``) work.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif _is_layer(local_layers):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(_is_layer(layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
+
+
+def _is_layer(obj: Any) -> bool:
+    """A Keras layer of either flavour (checked by its class's modules, not by import)."""
+    return any(getattr(k, "__name__", "") == "Layer"
+               and str(getattr(k, "__module__", "")).startswith(("keras", "tf_keras"))
+               for k in type(obj).__mro__)
