@@ -1,0 +1,81 @@
+"""Keras pieces of Horovod's API (Keras 3): local variables in the broadcast
+callback and the optimizer, PartialDistributedGradientTape with Keras 3
+variables, SyncBatchNormalization with any BatchNormalization argument."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfhvd.keras as hvd
+import tfhvd.tensorflow as hvd_tf
+
+
+def two_layer_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="shared"),
+                             keras.layers.Dense(1, name="mine")])
+
+
+def test_broadcast_callback_leaves_local_variables():
+    rank = hvd.rank()
+    model = two_layer_model()
+    for w in model.weights:
+        w.assign(tf.fill(w.shape, float(rank)))
+    mine = model.get_layer("mine").kernel
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, device="", local_variables=[mine])
+    cb.set_model(model)
+    cb.on_train_begin()
+    np.testing.assert_array_equal(mine.numpy(), np.full(mine.shape, float(rank)))
+    np.testing.assert_array_equal(model.get_layer("shared").kernel.numpy(), np.zeros((3, 2)))
+    np.testing.assert_array_equal(model.get_layer("mine").bias.numpy(), [0.0])
+
+
+def test_register_local_var_keeps_that_gradient_local():
+    rank, size = hvd.rank(), hvd.size()
+    model = two_layer_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    mine = model.get_layer("mine").kernel
+    opt.register_local_var(mine)
+    variables = model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    grads = [tf.fill(v.shape, float(rank + 1)) for v in variables]
+    opt.apply_gradients(zip(grads, variables))
+    mean = (size + 1) / 2.0
+    for v, b in zip(variables, before):
+        step = float(rank + 1) if v is mine else mean
+        np.testing.assert_allclose(v.numpy(), b - step, rtol=1e-6)
+
+
+def test_partial_tape_with_keras3_variables():
+    rank, size = hvd.rank(), hvd.size()
+    model = two_layer_model()
+    for i, w in enumerate(model.weights):  # the same weights on every rank
+        w.assign(tf.fill(w.shape, 0.1 * (i + 1)))
+    x = tf.ones([1, 3])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x)) * float(rank + 1)
+    tape = hvd_tf.PartialDistributedGradientTape(tape, local_layers=[model.get_layer("mine")])
+    grads = tape.gradient(loss, model.trainable_variables)
+    with tf.GradientTape() as plain:
+        local_loss = tf.reduce_sum(model(x)) * float(rank + 1)
+    local = plain.gradient(local_loss, model.trainable_variables)
+    mean = (size + 1) / 2.0 / (rank + 1)
+    local_vars = model.get_layer("mine").trainable_weights
+    for v, g, lg in zip(model.trainable_variables, grads, local):
+        is_local = any(v is w for w in local_vars)
+        want = lg.numpy() if is_local else lg.numpy() * mean
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-5)
+
+
+def test_sync_batch_norm_takes_batch_norm_arguments():
+    rank = hvd.rank()
+    layer = hvd.SyncBatchNormalization(axis=1, momentum=0.9, epsilon=1e-3, center=False,
+                                       scale=True, beta_initializer="zeros",
+                                       gamma_initializer="ones", name="sbn")
+    x = tf.constant(np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + rank)
+    y = layer(x, training=True)
+    assert y.shape == (2, 3, 4)
+    # Equal to a plain BatchNormalization over the global batch (this rank's rows).
+    plain = keras.layers.BatchNormalization(axis=1, momentum=0.9, epsilon=1e-3, center=False)
+    everyone = hvd.allgather(x)
+    want = plain(everyone, training=True)[2 * rank:2 * rank + 2]
+    np.testing.assert_allclose(y.numpy(), want.numpy(), atol=1e-4)
