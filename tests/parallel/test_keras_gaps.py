@@ -41,7 +41,8 @@ def test_register_local_var_keeps_that_gradient_local():
     opt.apply_gradients(zip(grads, variables))
     mean = (size + 1) / 2.0
     for v, b in zip(variables, before):
-        step = float(rank + 1) if v is mine else mean
+        # Horovod's scale_local_gradients (default True): the local gradient / size.
+        step = (rank + 1.0) / size if v is mine else mean
         np.testing.assert_allclose(v.numpy(), b - step, rtol=1e-6)
 
 
@@ -62,7 +63,8 @@ def test_partial_tape_with_keras3_variables():
     local_vars = model.get_layer("mine").trainable_weights
     for v, g, lg in zip(model.trainable_variables, grads, local):
         is_local = any(v is w for w in local_vars)
-        want = lg.numpy() if is_local else lg.numpy() * mean
+        # Horovod's scale_local_gradients (default True): local gradients / size.
+        want = lg.numpy() / size if is_local else lg.numpy() * mean
         np.testing.assert_allclose(g.numpy(), want, rtol=1e-5)
 
 
@@ -79,3 +81,26 @@ def test_sync_batch_norm_takes_batch_norm_arguments():
     everyone = hvd.allgather(x)
     want = plain(everyone, training=True)[2 * rank:2 * rank + 2]
     np.testing.assert_allclose(y.numpy(), want.numpy(), atol=1e-4)
+
+
+def test_scale_local_gradients_false_keeps_local_gradients_as_they_are():
+    rank = hvd.rank()
+    model = two_layer_model()
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0),
+                                          local_layers=[model.get_layer("mine")],
+                                          scale_local_gradients=False)
+    mine = model.get_layer("mine").kernel
+    before = mine.numpy().copy()
+    grads = [tf.fill(v.shape, float(rank + 1)) for v in model.trainable_variables]
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    np.testing.assert_allclose(mine.numpy(), before - (rank + 1.0), rtol=1e-6)
+
+
+def test_keras_module_collectives_take_horovods_arguments():
+    rank, size = hvd.rank(), hvd.size()
+    np.testing.assert_allclose(hvd.allreduce(np.array([rank + 1.0]), "kv_ar", None, 1.0, 2.0,
+                                             hvd.Sum).numpy(), [size * (size + 1.0)])
+    assert hvd.allgather([rank], "kv_ag").numpy().tolist() == list(range(size))
+    assert hvd.broadcast(np.array([rank]), 0, "kv_bc").numpy().tolist() == [0]
+    out = hvd.reducescatter(np.ones([size, 2], np.float32), "kv_rs", hvd.Sum)
+    np.testing.assert_allclose(out.numpy(), np.full([1, 2], float(size)))

@@ -178,7 +178,10 @@ class GradientReduction:
             if g is None:
                 continue
             if local and variables is not None and _flavor.variable_key(variables[i]) in local:
-                grads[i] = _scaled(g, scale)
+                # Horovod's scale_local_gradients (default True): divided by the size.
+                local_scale = scale / basics.size() if self.__dict__.get(
+                    "scale_local_gradients", True) else scale
+                grads[i] = _scaled(g, local_scale)
                 continue
             if self.sparse_as_dense and isinstance(g, tf.IndexedSlices):
                 grads[i] = tf.convert_to_tensor(g)

@@ -21,6 +21,16 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     return Average if average else Sum
 
 
+def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
+    """Horovod's helper: the reduce op from ``op`` or the deprecated ``average=``."""
+    return _resolve_op(op, average)
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """Horovod's helper: whether ``num_rank`` is a power of two (what Adasum needs)."""
+    return num_rank != 0 and (num_rank & (num_rank - 1)) == 0
+
+
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
                       postscale_factor: float, name: Optional[str],
                       ignore_name_scope: bool = False) -> tf.IndexedSlices:
@@ -167,6 +177,13 @@ class _DistributedGradientTape(tf.GradientTape):
                 name=None if tf.executing_eagerly() else "DistributedGradientTape_Allreduce"))
         for i, r in zip(reduce_idx, reduced):
             flat_grads[i] = r
+        if self.__dict__.get("_tfhvd_scale_local", True) and self._tfhvd_local:
+            # Horovod's scale_local_gradients: local gradients divided by the size.
+            n = float(basics.size())
+            for i, g in enumerate(flat_grads):
+                if g is not None and id(flat_sources[i]) in self._tfhvd_local:
+                    flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                                     if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, flat_grads)
 
 
@@ -213,6 +230,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_predivide = gradient_predivide_factor
     tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
     tape._tfhvd_local = set()
+    tape._tfhvd_scale_local = scale_local_gradients
     return tape
 
 
