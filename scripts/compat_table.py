@@ -40,6 +40,16 @@ NOTES: Dict[str, Tuple[str, str]] = {
                                             "LocalGradientAggregationHelper"),
     "elastic": ("missing", "hvd.elastic is built by a separate issue (elastic training)"),
     "mlsl_built": ("missing", "removed from Horovod itself"),
+    "is_version_greater_equal_than": ("missing", "Horovod's internal version helper, imported "
+                                      "by accident; not API"),
+}
+# name -> extra note for names that differ (appended to the computed one).
+DIFFERS: Dict[str, str] = {
+    "SyncBatchNormalization": "takes every BatchNormalization argument (axis=1 too), "
+                              "positionally as well; fused=True raises ValueError, as Horovod",
+    "BestModelCheckpoint": "filepath is a parameter (Horovod fixes it through **kwargs)",
+    "load_model": "other keyword arguments go to keras.models.load_model",
+    "grouped_reducescatter": "name= names the op, as for the other grouped collectives",
 }
 
 
@@ -191,6 +201,11 @@ def row(name: str, kind: str, hparams: Optional[List[str]], module) -> str:
                 bits.append("adds " + ", ".join(extra))
             if not bits:
                 bits.append("parameter order differs")
+            if tp[:len(hparams)] == hparams:
+                bits = ["Horovod's parameters in Horovod's order, then " + ", ".join(extra)]
+            extra_note = DIFFERS.get(name.split(".")[-1])
+            if extra_note:
+                bits.append(extra_note)
             status, note, params = "differs", "; ".join(bits), ", ".join(tp) or "(none)"
     return "| `%s` | %s | %s | %s | %s |" % (name, kind, status, params, note)
 

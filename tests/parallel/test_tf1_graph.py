@@ -48,3 +48,24 @@ def test_broadcast_global_variables_hook_in_monitored_session():
         hooks = [hvd.BroadcastGlobalVariablesHook(size - 1)]
         with tf.compat.v1.train.MonitoredSession(hooks=hooks) as sess:
             np.testing.assert_array_equal(sess.run(v), [float(size)])
+
+
+def test_tf1_distributed_optimizer_averages_and_keeps_local_vars_local():
+    rank, size = hvd.rank(), hvd.size()
+    mean = (size + 1) / 2.0
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable([1.0, 1.0])
+        mine = tf.compat.v1.Variable([1.0])
+        loss = (tf.reduce_sum(w) + tf.reduce_sum(mine)) * (rank + 1.0)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+        opt.register_local_var(mine)
+        train = opt.minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            np.testing.assert_allclose(sess.run(w), [1.0 - mean] * 2, rtol=1e-6)
+            # Horovod's scale_local_gradients: the local gradient divided by size().
+            np.testing.assert_allclose(sess.run(mine), [1.0 - (rank + 1.0) / size], rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                 backward_passes_per_step=2)
