@@ -84,3 +84,25 @@ def test_bad_input():
     with pytest.raises(tf.errors.FailedPreconditionError, match="mismatched shapes"):
         hvd.broadcast_([w], root_rank=0, name="bad_shape")
     assert hvd.broadcast_([v], root_rank=0)[0].numpy()[0] == 1.0
+
+
+def test_a_graph_written_with_horovods_attributes_loads_and_runs():
+    rank = hvd.rank()
+    from tfhvd.common import library
+
+    with tf.Graph().as_default() as g:
+        v = tf.compat.v1.Variable([float(rank), 5.0], use_resource=True, name="hv")
+        library.load()[0].horovod_broadcast_inplace_resource(
+            [v.handle], variable_names=["hv"], root_rank=0, name="HorovodBroadcastInplace_hv")
+    graph_def = g.as_graph_def()
+    ops = [n for n in graph_def.node if n.op == "HorovodBroadcastInplaceResource"]
+    assert len(ops) == 1
+    del ops[0].attr["tensor_name"]  # a graph written by Horovod has only Horovod's attributes
+    assert set(ops[0].attr) == {"root_rank", "process_set_id", "num_variables",
+                                "variable_names"}
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session() as sess:
+            sess.run("hv/Assign")
+            sess.run("HorovodBroadcastInplace_hv")
+            np.testing.assert_array_equal(sess.run("hv/Read/ReadVariableOp:0"), [0.0, 5.0])
