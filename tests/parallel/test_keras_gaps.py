@@ -24,6 +24,9 @@ def test_broadcast_callback_leaves_local_variables():
     cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, device="", local_variables=[mine])
     cb.set_model(model)
     cb.on_train_begin()
+    # Checked on every rank (collectives before any assertion): each kept its own value.
+    kept = hvd.allgather(tf.reshape(mine, [1, -1])[:, :1]).numpy().ravel()
+    np.testing.assert_array_equal(kept, np.arange(hvd.size(), dtype=np.float32))
     np.testing.assert_array_equal(mine.numpy(), np.full(mine.shape, float(rank)))
     np.testing.assert_array_equal(model.get_layer("shared").kernel.numpy(), np.zeros((3, 2)))
     np.testing.assert_array_equal(model.get_layer("mine").bias.numpy(), [0.0])
