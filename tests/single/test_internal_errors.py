@@ -41,7 +41,8 @@ CHECK = """
     except Exception as e:
         report("function", e)
     # Bad input is not an internal error: retrying cannot fix it.
-    say("bad input internal", is_internal_error(tf.errors.InvalidArgumentError(None, None, "tfhvd: x")))
+    bad_input = tf.errors.InvalidArgumentError(None, None, "tfhvd: x")
+    say("bad input internal", is_internal_error(bad_input))
     os._exit(0)
 """
 
