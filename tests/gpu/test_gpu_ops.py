@@ -143,5 +143,5 @@ def test_mixed_cpu_and_gpu_tensors_across_ranks():
         pytest.skip("needs two ranks: run under mpirun -np 2 or more")
     x = tf.constant(value(hvd.rank()), tf.float32)
     device = CPU if hvd.rank() == 0 else GPU
-    with pytest.raises(tf.errors.InvalidArgumentError, match="mixed CPU and GPU tensors"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="mixed CPU and GPU tensors"):
         on(device, lambda t: hvd.allreduce(t, name="gpu_mixed"), x)

@@ -23,12 +23,13 @@ def test_allreduce_grad_sum_and_average():
     np.testing.assert_allclose(g.numpy(), [1.0, 1.0])
 
 
-def test_allreduce_grad_max_goes_to_the_max_rank():
-    rank, size = hvd.rank(), hvd.size()
+def test_allreduce_grad_max_is_horovods():
+    """Horovod's convention: the gradient is allreduced with the forward op (Max)."""
+    rank = hvd.rank()
     x = tf.constant([float(rank), -float(rank)])
-    g = grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Max, name="gm")), x)
-    want = [size if rank == size - 1 else 0.0, size if rank == 0 else 0.0]
-    np.testing.assert_allclose(g.numpy(), want)
+    g = grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Max, name="gm") * (rank + 1.0)),
+                x)
+    np.testing.assert_allclose(g.numpy(), [hvd.size(), hvd.size()])
 
 
 def test_grouped_allreduce_grad():
@@ -87,7 +88,8 @@ def test_reducescatter_grad():
         return tf.reduce_sum(hvd.reducescatter(t, op=hvd.Sum, name="grs") * (rank + 1.0))
 
     g = grad_of(fn, x)
-    want = np.repeat(np.arange(1.0, size + 1.0), 2)
+    # Horovod's convention: Sum multiplies the gathered gradient by the set's size.
+    want = size * np.repeat(np.arange(1.0, size + 1.0), 2)
     np.testing.assert_allclose(g.numpy(), want)
 
 
@@ -151,7 +153,7 @@ def test_grouped_allgather_and_reducescatter_grads():
         loss = tf.reduce_sum(ga) * 2.0 + tf.reduce_sum(rs) * (rank + 1.0)
     da, db = tape.gradient(loss, [a, b])
     np.testing.assert_allclose(da.numpy(), np.full([rank + 1], 2.0))
-    np.testing.assert_allclose(db.numpy()[:, 0], np.repeat(np.arange(1.0, size + 1.0), 2))
+    np.testing.assert_allclose(db.numpy()[:, 0], size * np.repeat(np.arange(1.0, size + 1.0), 2))
 
 
 def test_gradient_collectives_match_across_rank_dependent_scopes():

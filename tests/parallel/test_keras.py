@@ -233,7 +233,9 @@ def test_sync_batch_norm_equals_batch_norm_on_global_batch():
 def test_tf_keras_front_end_is_the_same_implementation():
     import tensorflow as tf
 
-    assert tf_hvd.DistributedOptimizer is hvd.DistributedOptimizer
+    # Each module keeps its Horovod parameter order; both forward to one implementation.
+    assert tf_hvd.DistributedOptimizer.__module__ == hvd.DistributedOptimizer.__module__ \
+        == "tfhvd._keras.horovod_api"
     assert hvd.DistributedGradientTape is tfhvd_tf.DistributedGradientTape
     assert tf_hvd.DistributedGradientTape is tfhvd_tf.DistributedGradientTape
     assert tf_hvd.BroadcastGlobalVariablesCallback is hvd.BroadcastGlobalVariablesCallback

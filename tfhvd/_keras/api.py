@@ -28,7 +28,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          average_aggregated_gradients: bool = False, op: int = Average,
                          gradient_predivide_factor: float = 1.0, groups: Any = None, *,
                          device_dense: str = "", device_sparse: str = "", num_groups: int = 0,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Wraps a Keras optimizer so that ``model.fit`` averages gradients across ranks
     before they are applied.
 
@@ -51,6 +52,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
       device_dense, device_sparse: accepted for Horovod compatibility; unused.
       num_groups: Horovod's older spelling of an int ``groups``.
       process_set: only the global process set is supported.
+      scale_local_gradients: Horovod's: gradients of variables kept local
+        (``register_local_var``, ``local_layers``) are divided by ``size()``.
 
     Clipping set on the optimizer (``clipnorm``, ``clipvalue``,
     ``global_clipnorm``) applies to the averaged gradient.  A model compiled with
@@ -65,7 +68,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     return _distributed(optimizer, name, compression, sparse_as_dense,
                         backward_passes_per_step, average_aggregated_gradients, op,
                         gradient_predivide_factor, groups or (num_groups or None), process_set,
-                        None)
+                        None, scale_local_gradients)
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
@@ -74,8 +77,10 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                                 backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False, op: int = Average,
                                 gradient_predivide_factor: float = 1.0, groups: Any = None,
-                                local_layers: Any = None, *,
-                                process_set: ProcessSet = global_process_set) -> Any:
+                                local_layers: Any = None, *, device_dense: str = "",
+                                device_sparse: str = "",
+                                process_set: ProcessSet = global_process_set,
+                                scale_local_gradients: bool = True) -> Any:
     """A DistributedOptimizer that leaves the gradients of ``local_layers`` unreduced.
 
     Each rank then trains its own copy of those layers.  ``local_layers`` is a
@@ -89,12 +94,13 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          "whose gradients stay local); use DistributedOptimizer otherwise")
     return _distributed(optimizer, name, compression, sparse_as_dense,
                         backward_passes_per_step, average_aggregated_gradients, op,
-                        gradient_predivide_factor, groups, process_set, local_layers)
+                        gradient_predivide_factor, groups, process_set, local_layers,
+                        scale_local_gradients)
 
 
 def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_per_step,
                  average_aggregated_gradients, op, gradient_predivide_factor, groups,
-                 process_set, local_layers) -> Any:
+                 process_set, local_layers, scale_local_gradients: bool = True) -> Any:
     require_initialized("DistributedOptimizer")
     check_process_set(process_set)
     reduction = GradientReduction(
@@ -103,6 +109,7 @@ def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_
         average_aggregated_gradients=average_aggregated_gradients, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
         local_layers=local_layers)
+    reduction.scale_local_gradients = bool(scale_local_gradients)
     return create_distributed_optimizer(optimizer, reduction)
 
 

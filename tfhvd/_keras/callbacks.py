@@ -29,16 +29,35 @@ def _check_root(root_rank: Any) -> int:
     return root_rank
 
 
-def broadcast_model_state(model: Any, root_rank: int) -> bool:
+def _var_key(var: Any) -> int:
+    """Identity of a variable; a Keras 3 variable and the tf.Variable it holds agree."""
+    inner = getattr(var, "_value", None)
+    return id(inner) if isinstance(inner, tf.Variable) else id(var)
+
+
+def _model_weights(model: Any) -> List[Any]:
+    """The model's weights, or [] while it has none (tf-keras raises for an unbuilt
+    Sequential: "Weights for model 'sequential' have not yet been created")."""
+    try:
+        return list(model.weights)
+    except ValueError:
+        return []
+
+
+def broadcast_model_state(model: Any, root_rank: int, local: Optional[set] = None) -> bool:
     """Sends ``root_rank``'s model weights and optimizer state to every rank.
 
     Builds the optimizer's slot variables first, so that they exist (and are
-    equal) before the first step.  Returns False when the model has no weights
-    yet (a subclassed model before its first call).
+    equal) before the first step.  Weights whose ``_var_key`` is in ``local``
+    are left alone.  Returns False when the model has no weights yet (a
+    subclassed model, or a tf-keras Sequential without an Input, before its
+    first batch).
     """
-    weights = list(model.weights)
+    weights = _model_weights(model)
     if not weights:
         return False
+    if local:
+        weights = [w for w in weights if _var_key(w) not in local]
     opt = getattr(model, "optimizer", None)
     if opt is not None and not isinstance(opt, str):
         _flavor.build_optimizer(opt, list(model.trainable_weights))
@@ -62,20 +81,37 @@ class BroadcastGlobalVariablesCallbackImpl:
     Args:
       root_rank: the rank whose state everyone takes.
       device: accepted for Horovod compatibility; unused.
+      local_variables: a variable or a list of variables that are not broadcast
+        (each rank keeps its own); more with :meth:`register_local_var`.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: Any = None) -> None:
         require_initialized("BroadcastGlobalVariablesCallback")
         super().__init__()
         self.root_rank = _check_root(root_rank)
         self.device = device
         self.broadcast_done = False
         self._after_first_batch = False
+        self._local_vars: set = set()
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        if not all(_is_variable(v) for v in local_variables):
+            raise ValueError("All local variables must be of tf.Variable type.")
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Marks ``var`` as local to each rank: it is not broadcast."""
+        self._local_vars.add(_var_key(var))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
             return
-        if broadcast_model_state(self.model, self.root_rank):
+        if broadcast_model_state(self.model, self.root_rank, self._local_vars):
             self.broadcast_done = True
             return
         self._after_first_batch = True
@@ -88,8 +124,13 @@ class BroadcastGlobalVariablesCallbackImpl:
         # Fallback for models without weights at on_train_begin: broadcast before
         # the second batch (a batch-end hook would turn off Keras's async callbacks).
         if self._after_first_batch and not self.broadcast_done and batch > 0:
-            broadcast_model_state(self.model, self.root_rank)
+            broadcast_model_state(self.model, self.root_rank, self._local_vars)
             self.broadcast_done = True
+
+
+def _is_variable(v: Any) -> bool:
+    """A tf.Variable or a Keras 3 variable (which holds one)."""
+    return isinstance(v, tf.Variable) or isinstance(getattr(v, "_value", None), tf.Variable)
 
 
 class MetricAverageCallbackImpl:

@@ -27,6 +27,14 @@ def flavor_of_module(keras_module: ModuleType) -> str:
         return LEGACY
     if name == "keras" or name.startswith("keras."):
         return KERAS3
+    # `from tensorflow.keras.x import y` before tf.keras is touched registers
+    # tf-keras's (or Keras 3's) API package as the module `tensorflow.keras`,
+    # without a version: its file says which package it is.
+    path = str(getattr(keras_module, "__file__", "") or "").replace("\\", "/")
+    if "/tf_keras/" in path:
+        return LEGACY
+    if "/keras/" in path and "/site-packages/keras/" in path:
+        return KERAS3
     version = str(getattr(keras_module, "__version__", ""))
     if version.startswith("3"):
         return KERAS3

@@ -195,6 +195,11 @@ class _DistributedMixin:
         return cls._tfhvd_create(config, GradientReduction.from_config(settings),
                                  custom_objects)
 
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient local to each rank (not reduced), as Horovod's
+        ``DistributedOptimizer.register_local_var``."""
+        self._tfhvd.register_local_var(var)
+
     def get_config(self) -> Dict[str, Any]:
         """The wrapped optimizer's config plus the tfhvd settings under ``"tfhvd"``."""
         config = super().get_config()
@@ -235,8 +240,18 @@ class _LegacyDistributed(_DistributedMixin):
     def _aggregate_gradients(self, grads_and_vars):  # OptimizerV2
         return self._tfhvd_aggregate(grads_and_vars)
 
+    def get_gradients(self, loss, params):  # OptimizerV2's graph-mode path
+        """The gradients of ``loss``, reduced across ranks (Horovod overrides this too)."""
+        grads = super().get_gradients(loss, params)
+        # get_updates() passes these to apply_gradients, whose aggregation must
+        # not reduce them a second time.
+        self._tfhvd_pre_reduced = True
+        return self._tfhvd.reduce(grads, params)
+
     def _tfhvd_aggregate(self, grads_and_vars):
         pairs = list(grads_and_vars)
+        if self.__dict__.pop("_tfhvd_pre_reduced", False):
+            return pairs
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
         return list(zip(self._tfhvd.reduce(grads, variables), variables, strict=True))

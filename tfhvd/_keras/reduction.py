@@ -139,8 +139,17 @@ class GradientReduction:
 
     # ------------------------------------------------------------ local variables
 
+    def register_local_var(self, var: Any) -> None:
+        """Keeps ``var``'s gradient local (``DistributedOptimizer.register_local_var``)."""
+        registered = self.__dict__.setdefault("_registered_keys", set())
+        registered.add(_flavor.variable_key(var))
+
     def local_keys(self) -> set:
         """Names of the variables whose gradients are not reduced."""
+        registered = self.__dict__.get("_registered_keys", set())
+        return self._layer_keys() | registered if registered else self._layer_keys()
+
+    def _layer_keys(self) -> set:
         if self._local_keys is None:
             if not self._local_layers:
                 return set()
@@ -169,7 +178,10 @@ class GradientReduction:
             if g is None:
                 continue
             if local and variables is not None and _flavor.variable_key(variables[i]) in local:
-                grads[i] = _scaled(g, scale)
+                # Horovod's scale_local_gradients (default True): divided by the size.
+                local_scale = scale / basics.size() if self.__dict__.get(
+                    "scale_local_gradients", True) else scale
+                grads[i] = _scaled(g, local_scale)
                 continue
             if self.sparse_as_dense and isinstance(g, tf.IndexedSlices):
                 grads[i] = tf.convert_to_tensor(g)

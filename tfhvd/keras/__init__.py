@@ -19,16 +19,20 @@ from typing import Any, Dict, Iterable, Optional
 import keras
 
 from tfhvd._keras import api as _api
-from tfhvd._keras.api import DistributedOptimizer, PartialDistributedOptimizer
+from tfhvd._keras.horovod_api import keras_distributed_optimizer as DistributedOptimizer
+from tfhvd._keras.horovod_api import partial_distributed_optimizer as PartialDistributedOptimizer
+from tfhvd._keras.horovod_api import allgather, allreduce, broadcast, reducescatter
 from tfhvd.tensorflow import (Adasum, Average, Compression, DistributedGradientTape,
                               HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
-                              TfhvdInternalError, __version__, allgather, allgather_object,
-                              allreduce, alltoall, barrier, broadcast, broadcast_object,
+                              TfhvdInternalError, __version__, allgather_object,
+                              alltoall, barrier, broadcast_object,
                               broadcast_variables, cross_rank, cross_size, global_process_set,
                               grouped_allgather, grouped_allreduce, init, is_homogeneous,
                               is_initialized, join, local_rank, local_size, mpi_built,
                               mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                              reducescatter, shutdown, size, start_timeline, stop_timeline)
+                              shutdown, size, start_timeline, stop_timeline)
+from tfhvd.tensorflow import (broadcast_global_variables, ccl_built, cuda_built,
+                              ddl_built, gloo_built, gloo_enabled, rocm_built)
 
 _KERAS = _api.api_for(keras)
 
@@ -42,9 +46,11 @@ BestModelCheckpoint = _KERAS.BestModelCheckpoint
 
 def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None,
                custom_objects: Optional[Dict[str, Any]] = None, compression: Any = None,
-               **kwargs: Any) -> Any:
+               legacy_opts: bool = False, **kwargs: Any) -> Any:
     """Loads a saved model with a distributed optimizer (see ``tfhvd._keras.api.load_model``).
 
+    ``legacy_opts`` (Horovod's flag for tf-keras's ``optimizers.legacy``) is
+    accepted; the saved optimizer's own class is restored either way.
     A saved DistributedOptimizer keeps its settings and state; a plain optimizer
     is wrapped in one, keeping its state.  ``compression`` replaces the saved one.
     """
@@ -55,6 +61,8 @@ def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None
 from tfhvd.keras import callbacks  # noqa: E402  (hvd.callbacks.X, as in Horovod)
 
 __all__ = [
+    "broadcast_global_variables", "ccl_built", "cuda_built", "ddl_built", "gloo_built",
+    "gloo_enabled", "rocm_built",
     "Adasum", "Average", "BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
     "Compression", "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback", "Max",

@@ -13,22 +13,45 @@ from tfhvd.common.basics import (ProcessSet, ccl_built, cross_rank, cross_size, 
                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                  rocm_built, settings, shutdown, size, start_timeline,
                                  stop_timeline)
-from tfhvd.common.exceptions import HorovodInternalError, TfhvdInternalError
+from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, TfhvdInternalError
 from tfhvd.tensorflow.compression import Compression
-from tfhvd.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
-from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
+from tfhvd.tensorflow.functions import (BroadcastGlobalVariablesHook, allgather_object,
+                                        broadcast_global_variables, broadcast_object,
+                                        broadcast_object_fn, broadcast_variables)
+from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape,
+                                            PartialDistributedGradientTape, allreduce,
+                                            check_num_rank_power_of_2,
+                                            handle_average_backwards_compatibility,
                                             grouped_allreduce, grouped_reducescatter,
                                             reducescatter)
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
-                                      alltoall, barrier, broadcast, grouped_allgather, join,
+                                      alltoall, barrier, broadcast, broadcast_, grouped_allgather, join,
                                       local_rank_op, local_size_op, process_set_included_op,
                                       rank_op, size_op)
+from tfhvd.tensorflow.legacy_optimizer import DistributedOptimizer
 from tfhvd.version import __version__
 
+
+def __getattr__(name: str):
+    """``hvd.SyncBatchNormalization``: tf.keras's class, made when first asked for
+    (so that importing tfhvd.tensorflow does not import Keras)."""
+    if name == "SyncBatchNormalization":
+        import tensorflow as tf
+
+        from tfhvd._keras import api as _api
+
+        return _api.api_for(tf.keras).SyncBatchNormalization
+    raise AttributeError("module 'tfhvd.tensorflow' has no attribute %r" % name)
+
+
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "HorovodInternalError",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedOptimizer",
+    "DistributedGradientTape", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "PartialDistributedGradientTape", "SyncBatchNormalization", "check_num_rank_power_of_2",
+    "handle_average_backwards_compatibility",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
+    "broadcast_", "broadcast_global_variables", "broadcast_object_fn",
     "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
     "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",

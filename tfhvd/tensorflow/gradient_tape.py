@@ -21,6 +21,16 @@ def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
     return Average if average else Sum
 
 
+def handle_average_backwards_compatibility(op: Optional[int], average: Optional[bool]) -> int:
+    """Horovod's helper: the reduce op from ``op`` or the deprecated ``average=``."""
+    return _resolve_op(op, average)
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """Horovod's helper: whether ``num_rank`` is a power of two (what Adasum needs)."""
+    return num_rank != 0 and (num_rank & (num_rank - 1)) == 0
+
+
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
                       postscale_factor: float, name: Optional[str],
                       ignore_name_scope: bool = False) -> tf.IndexedSlices:
@@ -167,6 +177,13 @@ class _DistributedGradientTape(tf.GradientTape):
                 name=None if tf.executing_eagerly() else "DistributedGradientTape_Allreduce"))
         for i, r in zip(reduce_idx, reduced):
             flat_grads[i] = r
+        if self.__dict__.get("_tfhvd_scale_local", True) and self._tfhvd_local:
+            # Horovod's scale_local_gradients: local gradients divided by the size.
+            n = float(basics.size())
+            for i, g in enumerate(flat_grads):
+                if g is not None and id(flat_sources[i]) in self._tfhvd_local:
+                    flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                                     if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, flat_grads)
 
 
@@ -213,4 +230,41 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_predivide = gradient_predivide_factor
     tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
     tape._tfhvd_local = set()
+    tape._tfhvd_scale_local = scale_local_gradients
     return tape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression=Compression.none,
+                                   sparse_as_dense: bool = False, op: int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups=None, process_set: ProcessSet = global_process_set,
+                                   local_layers=None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """A ``DistributedGradientTape`` that leaves the gradients of ``local_layers``'
+    trainable weights unreduced (Horovod's ``PartialDistributedGradientTape``).
+
+    ``local_layers`` is a Keras layer or a list of them (Keras 3 or tf-keras);
+    variables are matched by identity, so Keras 3 variables (no ``.ref()``) work.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif _is_layer(local_layers):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(_is_layer(layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
+
+
+def _is_layer(obj: Any) -> bool:
+    """A Keras layer of either flavour (checked by its class's modules, not by import)."""
+    return any(getattr(k, "__name__", "") == "Layer"
+               and str(getattr(k, "__module__", "")).startswith(("keras", "tf_keras"))
+               for k in type(obj).__mro__)

@@ -13,7 +13,7 @@ from tensorflow.python.framework import ops as tf_ops
 
 from tfhvd.common import basics, library
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
-from tfhvd.common.exceptions import NotInitializedError
+from tfhvd.tensorflow.errors import InvalidArgumentValueError, NotInitializedOpError
 
 # Horovod's reduce-op values.
 Average = 0
@@ -64,7 +64,7 @@ def _check_ready(tensors: Sequence[tf.Tensor], allowed: _DtypeSet, what: str,
                  process_set: Optional[ProcessSet] = None) -> None:
     """Raises a clear error before an op is built with bad input."""
     if not basics._initialized:
-        raise NotInitializedError()
+        raise NotInitializedOpError()
     if process_set is not None and process_set is not global_process_set:
         check_process_set(process_set)
     enums = allowed.enums
@@ -191,11 +191,73 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
     _check_ready([tensor], _ALL_DTYPES, "broadcast", process_set)
     n = basics.size()
     if not isinstance(root_rank, int) or not 0 <= root_rank < n:
-        raise ValueError("broadcast root_rank %r is out of range for %d ranks (tensor %s)"
-                         % (root_rank, n, _tensor_label(tensor)))
+        raise InvalidArgumentValueError(
+            "broadcast root_rank %r is out of range for %d ranks (tensor %s)"
+            % (root_rank, n, _tensor_label(tensor)))
     return _ops().horovod_broadcast(tensor, root_rank=root_rank,
                                     ignore_name_scope=ignore_name_scope,
                                     tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor))
+
+
+def _as_tf_variable(v):
+    """The tf.Variable behind ``v`` (a Keras 3 variable holds one); TypeError if none."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    inner = getattr(v, "_value", None) if not isinstance(v, tf.Variable) else None
+    if isinstance(inner, tf.Variable):
+        return inner
+    if isinstance(v, tf.Variable) or resource_variable_ops.is_resource_variable(v):
+        return v
+    raise TypeError("broadcast_ takes variables, got %r; use hvd.broadcast for tensors" % (v,))
+
+
+def broadcast_(variables, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set):
+    """Broadcasts ``root_rank``'s values into ``variables`` in place (Horovod's ``broadcast_``).
+
+    Works eagerly and inside ``tf.function`` (and in TF1 graphs, where it also
+    takes reference variables).  Returns the variables' new values.  Non-root
+    ranks receive into a fresh buffer that replaces the variable's when the
+    broadcast is done, so tensors read from a variable earlier never change.
+    """
+    from tensorflow.python.ops import resource_variable_ops
+
+    variables = [_as_tf_variable(v) for v in variables]
+    if not variables:
+        return []
+    _check_ready([], _ALL_DTYPES, "broadcast_", process_set)
+    for v in variables:
+        if v.dtype.base_dtype.as_datatype_enum not in _ALL_DTYPES.enums:
+            raise TypeError("tfhvd broadcast_ does not support dtype %s (variable %s)"
+                            % (v.dtype.base_dtype.name, v.name))
+    n = basics.size()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
+        raise InvalidArgumentValueError("broadcast_ root_rank %r is out of range for %d ranks"
+                                        % (root_rank, n))
+    names = [v.name for v in variables]
+    psid = getattr(process_set, "process_set_id", 0)
+    resource = [resource_variable_ops.is_resource_variable(v) for v in variables]
+    if all(resource):
+        if any("GPU" in (v.device or "").upper() for v in variables):
+            # No GPU kernel for the in-place op: broadcast a copy (same result).
+            for i, v in enumerate(variables):
+                v.assign(broadcast(v, root_rank, name=None if name is None else
+                                   "%s_%d" % (name, i)))
+            return [v.read_value() for v in variables]
+        op = _ops().horovod_broadcast_inplace_resource(
+            [v.handle for v in variables], variable_names=names, root_rank=root_rank,
+            process_set_id=psid, tensor_name=_eager_name(name), name=name)
+        with tf.control_dependencies([op] if op is not None else []):
+            return [v.read_value() for v in variables]
+    if any(resource):
+        raise ValueError("All variables passed to broadcast_() should be of the same kind, "
+                         "resource or reference")
+    if len({v.dtype.base_dtype for v in variables}) > 1:
+        raise ValueError("broadcast_ of reference variables takes one dtype, got %s"
+                         % sorted({v.dtype.base_dtype.name for v in variables}))
+    return _ops().horovod_broadcast_inplace(
+        variables, variable_names=names, root_rank=root_rank, process_set_id=psid,
+        tensor_name=_eager_name(name), name=name)
 
 
 def alltoall(tensor: tf.Tensor, splits: Optional[tf.Tensor] = None, name: Optional[str] = None,
@@ -223,8 +285,9 @@ def _reducescatter(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
     _check_ready([tensor], _REDUCE_DTYPES, "reducescatter", process_set)
     _check_op(op)
     if tensor.shape.rank == 0:
-        raise ValueError("reducescatter cannot scatter a scalar (tensor %s); give a tensor of "
-                         "rank >= 1" % _tensor_label(tensor))
+        raise InvalidArgumentValueError(
+            "reducescatter cannot scatter a scalar (tensor %s); give a tensor of rank >= 1"
+            % _tensor_label(tensor))
     return _ops().horovod_reducescatter(
         tensor, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
@@ -243,7 +306,8 @@ def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = N
     _check_op(op)
     for t in tensors:
         if t.shape.rank == 0:
-            raise ValueError("reducescatter cannot scatter a scalar (tensor %s)" % _tensor_label(t))
+            raise InvalidArgumentValueError("reducescatter cannot scatter a scalar (tensor %s)"
+                                            % _tensor_label(t))
     if len({t.dtype for t in tensors}) > 1:
         return [_reducescatter(t, None, op, ignore_name_scope, process_set, prescale_factor,
                                postscale_factor) for t in tensors]
@@ -262,14 +326,14 @@ def join() -> int:
     zeros from the joined ranks.
     """
     if not basics.is_initialized():
-        raise NotInitializedError()
+        raise NotInitializedOpError()
     return int(_ops().horovod_join())
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Blocks until every rank has reached the barrier."""
     if not basics.is_initialized():
-        raise NotInitializedError()
+        raise NotInitializedOpError()
     check_process_set(process_set)
     _ops().horovod_barrier()
 
@@ -320,37 +384,34 @@ def _grad_name(op, suffix: str = "grad") -> Optional[str]:
     return "%s_%s" % (_normalize_name(name), suffix)
 
 
-def _reduce_grad(x: tf.Tensor, y: tf.Tensor, grad: tf.Tensor, reduce_op: int, pre: float,
-                 post: float, name: Optional[str]) -> tf.Tensor:
-    """d(sum over ranks of loss)/dx for y = allreduce(x)."""
-    if reduce_op in (Sum, Average):
-        return _allreduce(grad, name=name, op=reduce_op, prescale_factor=pre,
-                          postscale_factor=post, ignore_name_scope=True)
-    total = _allreduce(grad, name=name, op=Sum, ignore_name_scope=True)
-    if reduce_op in (Min, Max):
-        # Only the ranks holding the extreme value receive the gradient.
-        return total * tf.cast(tf.equal(x, y), grad.dtype)
-    # Product: dy/dx_r = y / x_r.
-    return total * tf.math.divide_no_nan(y, x)
+# Every gradient below is Horovod's (horovod/tensorflow/mpi_ops.py), value for
+# value, so a script trains the same way on both:
+#   allreduce(op, pre, post)        -> allreduce of the gradient with the same op,
+#                                      pre and post (Min, Max and Product too)
+#   allgather                       -> Average-allreduce, then this rank's rows
+#   broadcast(root)                 -> Average-allreduce on the root, zeros elsewhere
+#   alltoall(splits)                -> alltoall back with the received splits
+#   reducescatter(op, pre, post)    -> allgather of grad * pre * post, times the
+#                                      set's size for Sum (not divided for Average)
+
+def _grad_set_size(op) -> int:
+    """The size of the process set the forward op ran on (its process_set_id)."""
+    return basics.size()
 
 
 @tf_ops.RegisterGradient("HorovodAllreduce")
 def _allreduce_grad(op, grad):
-    return _reduce_grad(op.inputs[0], op.outputs[0], grad, op.get_attr("reduce_op"),
-                        op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
-                        _grad_name(op))
+    return _allreduce(grad, name=_grad_name(op), op=op.get_attr("reduce_op"),
+                      prescale_factor=op.get_attr("prescale_factor"),
+                      postscale_factor=op.get_attr("postscale_factor"), ignore_name_scope=True)
 
 
 @tf_ops.RegisterGradient("HorovodGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
-    reduce_op = op.get_attr("reduce_op")
-    if reduce_op in (Sum, Average):
-        return _grouped_allreduce(list(grads), name=_grad_name(op), op=reduce_op,
-                                  prescale_factor=op.get_attr("prescale_factor"),
-                                  postscale_factor=op.get_attr("postscale_factor"),
-                                  ignore_name_scope=True)
-    return [_reduce_grad(x, y, g, reduce_op, 1.0, 1.0, _grad_name(op, "grad_%d" % i))
-            for i, (x, y, g) in enumerate(zip(op.inputs, op.outputs, grads))]
+    return _grouped_allreduce(list(grads), name=_grad_name(op), op=op.get_attr("reduce_op"),
+                              prescale_factor=op.get_attr("prescale_factor"),
+                              postscale_factor=op.get_attr("postscale_factor"),
+                              ignore_name_scope=True)
 
 
 def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, name: Optional[str]) -> tf.Tensor:
@@ -388,33 +449,31 @@ def _alltoall_grad(op, grad, _rsplits_grad):
     return [result[0], None]
 
 
-def _reducescatter_grad_one(grad: tf.Tensor, reduce_op: int, name: Optional[str]):
-    # y_k = reduce over r of x_r[slice k], so dx_r = concat over k of g_k.
-    full = allgather(grad, name=name, ignore_name_scope=True)
-    if reduce_op == Average:
-        full = full / tf.cast(basics.size(), full.dtype)
-    return full
+def _reducescatter_grad_one(op, grad: tf.Tensor, name: Optional[str]) -> tf.Tensor:
+    """Horovod's convention: allgather(grad * [size if Sum] * pre * post)."""
+    if op.get_attr("reduce_op") == Sum:
+        grad = grad * tf.cast(_grad_set_size(op), grad.dtype)
+    for attr in ("prescale_factor", "postscale_factor"):
+        factor = op.get_attr(attr)
+        if factor != 1.0:
+            grad = grad * tf.cast(factor, grad.dtype)
+    return allgather(grad, name=name, ignore_name_scope=True)
 
 
 @tf_ops.RegisterGradient("HorovodReducescatter")
 def _reducescatter_grad(op, grad):
-    reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Sum, Average):
-        raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
-                                  % _OP_NAMES.get(reduce_op, reduce_op))
-    return _reducescatter_grad_one(grad, reduce_op, _grad_name(op))
+    return _reducescatter_grad_one(op, grad, _grad_name(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedReducescatter")
 def _grouped_reducescatter_grad(op, *grads):
-    reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Sum, Average):
-        raise NotImplementedError("tfhvd: no gradient for reducescatter with op %s"
-                                  % _OP_NAMES.get(reduce_op, reduce_op))
-    return [_reducescatter_grad_one(g, reduce_op, _grad_name(op, "grad_%d" % i))
+    # One allgather per tensor, as Horovod: TensorFlow may hand float32 zeros
+    # for some outputs of a float64 group.
+    return [_reducescatter_grad_one(op, g, _grad_name(op, "grad_%d" % i))
             for i, g in enumerate(grads)]
 
 
-for _name in ("HorovodJoin", "HorovodBarrier", "HorovodSize", "HorovodLocalSize", "HorovodRank",
+for _name in ("HorovodBroadcastInplace", "HorovodBroadcastInplaceResource", "HorovodJoin",
+              "HorovodBarrier", "HorovodSize", "HorovodLocalSize", "HorovodRank",
               "HorovodLocalRank", "HorovodProcessSetIncluded"):
     tf_ops.NotDifferentiable(_name)

@@ -411,7 +411,9 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
       << " s: ranks " << MissingRanks(p)
       << " never submitted it (stall shutdown time reached)";
     TFHVD_LOG(*log_, kError, m.str());
-    out->push_back(ErrorResponse(name, m.str()));
+    Response err = ErrorResponse(name, m.str());
+    err.error_code = StatusCode::kAborted;  // a stuck peer, as Horovod's stall shutdown
+    out->push_back(std::move(err));
     table_.erase(name);
   }
 }

@@ -44,7 +44,8 @@ void Executor::Execute(const Response& r,
     switch (r.error_code) {
       case StatusCode::kAborted: st = Status::Aborted(r.error); break;
       case StatusCode::kInternal: st = Status::Internal(r.error); break;
-      default: st = Status::InvalidArgument(r.error); break;
+      // Ranks that disagree: Horovod's PRECONDITION_ERROR.
+      default: st = Status::FailedPrecondition(r.error); break;
     }
   } else {
     const CollectiveParams& p = r.params;

@@ -28,13 +28,17 @@ namespace tfhvd_kernels {
 
 namespace core = ::tfhvd;
 
+// Horovod's classes (its ConvertStatus): ranks that disagree fail with
+// FailedPrecondition (the coordinator's error responses), bad local input
+// with InvalidArgument, and a runtime that shut down, a peer that left or a
+// transport that failed with Unknown (Horovod's SHUT_DOWN_ERROR), which
+// tfhvd.common.exceptions.is_internal_error recognises as HorovodInternalError.
 inline absl::Status ToTF(const core::Status& st) {
   switch (st.code()) {
     case core::StatusCode::kOk: return absl::OkStatus();
     case core::StatusCode::kInvalidArgument: return errors::InvalidArgument(st.message());
-    case core::StatusCode::kAborted: return errors::Aborted(st.message());
     case core::StatusCode::kFailedPrecondition: return errors::FailedPrecondition(st.message());
-    default: return errors::Internal(st.message());
+    default: return errors::Unknown(st.message());  // kAborted, kInternal
   }
 }
 

@@ -91,6 +91,29 @@ REGISTER_OP("HorovodBroadcast")
     .Output("output: T")
     .SetShapeFn(shape_inference::UnchangedShape);
 
+// In-place broadcasts (hvd.broadcast_): Horovod's two ops, for TF1 reference
+// variables and for resource variables.  Kernels: inplace_kernels.cc.
+REGISTER_OP("HorovodBroadcastInplace")
+    .Attr("T: {uint8, int8, int32, int64, float16, float32, float64, bool}")
+    .Attr("root_rank: int")
+    .Attr("process_set_id: int = 0")
+    .Attr("num_variables: int")
+    .Attr("variable_names: list(string)")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor_refs: Ref(num_variables * T)")
+    .Output("output_refs: Ref(num_variables * T)")
+    .SetShapeFn(AllUnchanged);
+
+REGISTER_OP("HorovodBroadcastInplaceResource")
+    .Attr("root_rank: int")
+    .Attr("process_set_id: int = 0")
+    .Attr("num_variables: int")
+    .Attr("variable_names: list(string)")
+    .Attr("tensor_name: string = ''")
+    .Input("resources: num_variables * resource")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
 REGISTER_OP("HorovodAlltoall")
     .Attr(TFHVD_ALL_TYPES)
     .Attr("ignore_name_scope: bool = False")

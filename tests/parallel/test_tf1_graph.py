@@ -1,0 +1,71 @@
+"""TF1-style graphs and sessions (tf.compat.v1): object collectives,
+broadcast_global_variables and BroadcastGlobalVariablesHook, as in Horovod."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfhvd.tensorflow as hvd
+
+
+def test_object_collectives_in_a_session():
+    rank, size = hvd.rank(), hvd.size()
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        got = hvd.broadcast_object({"from": rank, "list": [1, 2]}, root_rank=0)
+        assert got == {"from": 0, "list": [1, 2]}
+        gathered = hvd.allgather_object(("r", rank), session=sess)
+        assert gathered == [("r", r) for r in range(size)]
+        fn = hvd.broadcast_object_fn(root_rank=size - 1, session=sess)
+        assert fn({"x": rank}) == {"x": size - 1}
+
+
+def test_object_collective_in_a_graph_without_session_is_a_clear_error():
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="need a session"):
+            hvd.broadcast_object(1, root_rank=0)
+
+
+def test_broadcast_global_variables_op():
+    rank = hvd.rank()
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable([float(rank), 3.0])
+        bcast = hvd.broadcast_global_variables(0)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)
+            np.testing.assert_array_equal(sess.run(v), [0.0, 3.0])
+
+
+def test_broadcast_global_variables_is_graph_only():
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        hvd.broadcast_global_variables(0)
+
+
+def test_broadcast_global_variables_hook_in_monitored_session():
+    rank, size = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("w", initializer=tf.constant([float(rank) + 1.0]))
+        hooks = [hvd.BroadcastGlobalVariablesHook(size - 1)]
+        with tf.compat.v1.train.MonitoredSession(hooks=hooks) as sess:
+            np.testing.assert_array_equal(sess.run(v), [float(size)])
+
+
+def test_tf1_distributed_optimizer_averages_and_keeps_local_vars_local():
+    rank, size = hvd.rank(), hvd.size()
+    mean = (size + 1) / 2.0
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable([1.0, 1.0])
+        mine = tf.compat.v1.Variable([1.0])
+        loss = (tf.reduce_sum(w) + tf.reduce_sum(mine)) * (rank + 1.0)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+        opt.register_local_var(mine)
+        train = opt.minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            np.testing.assert_allclose(sess.run(w), [1.0 - mean] * 2, rtol=1e-6)
+            # Horovod's scale_local_gradients: the local gradient divided by size().
+            np.testing.assert_allclose(sess.run(mine), [1.0 - (rank + 1.0) / size], rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                 backward_passes_per_step=2)
