@@ -29,3 +29,23 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None, timeout: float =
 @pytest.fixture
 def python_run():
     return run_python
+
+
+def library_ground_truth(path: str) -> Dict[str, bool]:
+    """What the compiled library really links and holds, read from the file
+    itself (``readelf``, ``nm -D``), not from the library's own report:
+    ``mpi`` (needs libmpi and calls MPI), ``nccl`` (needs libnccl or holds NCCL
+    symbols), ``cuda`` (needs the CUDA runtime or embeds GPU kernels)."""
+    def out(*cmd: str) -> str:
+        return subprocess.run(list(cmd), capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+
+    needed = [line.split("[", 1)[1].rstrip("]") for line in out("readelf", "-d", path).splitlines()
+              if "(NEEDED)" in line]
+    symbols = {line.split()[-1] for line in out("nm", "-D", path).splitlines() if line.strip()}
+    sections = out("readelf", "-S", "-W", path)
+    return {
+        "mpi": any(n.startswith("libmpi") for n in needed) and "MPI_Allreduce" in symbols,
+        "nccl": any(n.startswith("libnccl") for n in needed) or "ncclAllReduce" in symbols,
+        "cuda": any(n.startswith("libcudart") for n in needed) or ".nv_fatbin" in sections,
+    }
