@@ -1,9 +1,10 @@
 """Shared test helpers."""
 
+import json
 import os
 import subprocess
 import sys
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -29,6 +30,35 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None, timeout: float =
 @pytest.fixture
 def python_run():
     return run_python
+
+
+# ---------------------------------------------------------------- skip report
+# `make test` sets TESTS_SKIP_REPORT_DIR; every pytest session (rank 0's under
+# mpirun) then writes the tests it skipped, with their reasons, to a file
+# there, and scripts/skip_summary.py lists them all at the end of the run.
+
+_SKIPPED: List[Dict[str, str]] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(
+            report.longrepr)
+        _SKIPPED.append({"test": report.nodeid,
+                         "reason": reason.replace("Skipped: ", "", 1)})
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    folder = os.environ.get("TESTS_SKIP_REPORT_DIR")
+    if not folder or os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
+        return
+    os.makedirs(folder, exist_ok=True)
+    size = os.environ.get("OMPI_COMM_WORLD_SIZE")
+    step = " ".join(str(a) for a in session.config.invocation_params.args
+                    if os.path.exists(str(a).split("::")[0]))
+    step = (step or "pytest") + (" (mpirun -np %s)" % size if size else "")
+    with open(os.path.join(folder, "skips-%d.json" % os.getpid()), "w") as f:
+        json.dump({"step": step, "skipped": _SKIPPED}, f)
 
 
 def library_ground_truth(path: str) -> Dict[str, bool]:
