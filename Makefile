@@ -4,7 +4,9 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
+# `python -m pip`, not bin/pip: a venv copied from another checkout keeps that
+# checkout's interpreter in its scripts' first line, and its pip would install there.
+PIP := $(PY) -m pip
 BUILD_DIR ?= build
 LIB := tfhvd/tfhvd_ops.so
 NATIVE_SOURCES := $(shell find tfhvd_ops tests/core -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt')
