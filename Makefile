@@ -4,7 +4,9 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
+# `python -m pip`, not bin/pip: a venv copied from another checkout keeps that
+# checkout's interpreter in its scripts' first line, and its pip would install there.
+PIP := $(PY) -m pip
 BUILD_DIR ?= build
 LIB := tfhvd/tfhvd_ops.so
 NATIVE_SOURCES := $(shell find tfhvd_ops tests/core -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt')
@@ -23,7 +25,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi demo test test-core test-single test-parallel test-integration clean \
+.PHONY: setup mpi demo test skip-report-reset test-core test-single test-parallel test-integration clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -75,8 +77,17 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 demo: setup
 	$(MPIRUN) -np 2 $(PY) examples/keras_mnist.py --epochs 5
 
-test: setup test-core test-single test-parallel test-integration test-gpu-build docker-check
+# Every pytest session of `make test` writes its skipped tests there; the last
+# step lists them all with their reasons (scripts/skip_summary.py).
+SKIP_REPORT_DIR := $(abspath $(BUILD_DIR))/test-skips
+test: export TESTS_SKIP_REPORT_DIR := $(SKIP_REPORT_DIR)
+test: setup skip-report-reset test-core test-single test-parallel test-integration test-gpu-build \
+	docker-check
+	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
+
+skip-report-reset:
+	@rm -rf $(SKIP_REPORT_DIR)
 
 test-core: setup
 	@echo "== core tests (no TensorFlow): 1, 2 and 3 processes"
@@ -86,20 +97,23 @@ test-core: setup
 
 test-single: setup
 	@echo "== single-process tests"
-	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q --color=no -p no:cacheprovider tests/single
+	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/single
 
 test-parallel: setup
 	@echo "== parallel tests under mpirun -np 2"
-	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under mpirun -np 3"
-	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
 
 # Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
 # multi-node (two network namespaces with sshd; needs root, else it skips).
+# As root, an sshd that cannot be installed fails the target: the multi-node
+# test would otherwise skip unseen.
 test-integration: setup
 	@echo "== integration tests: tfhvdrun, faults, timeline, multi-node"
-	@bash scripts/install_sshd.sh || echo "(no sshd: the multi-node test will skip)"
-	timeout --signal=KILL 1800 $(PY) -m pytest -q --color=no -p no:cacheprovider tests/integration
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/install_sshd.sh; \
+	else bash scripts/install_sshd.sh || echo "(not root, no sshd: the multi-node test will skip)"; fi
+	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/integration
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)

@@ -1,9 +1,10 @@
 """Shared test helpers."""
 
+import json
 import os
 import subprocess
 import sys
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -29,3 +30,52 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None, timeout: float =
 @pytest.fixture
 def python_run():
     return run_python
+
+
+# ---------------------------------------------------------------- skip report
+# `make test` sets TESTS_SKIP_REPORT_DIR; every pytest session (rank 0's under
+# mpirun) then writes the tests it skipped, with their reasons, to a file
+# there, and scripts/skip_summary.py lists them all at the end of the run.
+
+_SKIPPED: List[Dict[str, str]] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(
+            report.longrepr)
+        _SKIPPED.append({"test": report.nodeid,
+                         "reason": reason.replace("Skipped: ", "", 1)})
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    folder = os.environ.get("TESTS_SKIP_REPORT_DIR")
+    if not folder or os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
+        return
+    os.makedirs(folder, exist_ok=True)
+    size = os.environ.get("OMPI_COMM_WORLD_SIZE")
+    step = " ".join(str(a) for a in session.config.invocation_params.args
+                    if os.path.exists(str(a).split("::")[0]))
+    step = (step or "pytest") + (" (mpirun -np %s)" % size if size else "")
+    with open(os.path.join(folder, "skips-%d.json" % os.getpid()), "w") as f:
+        json.dump({"step": step, "skipped": _SKIPPED}, f)
+
+
+def library_ground_truth(path: str) -> Dict[str, bool]:
+    """What the compiled library really links and holds, read from the file
+    itself (``readelf``, ``nm -D``), not from the library's own report:
+    ``mpi`` (needs libmpi and calls MPI), ``nccl`` (needs libnccl or holds NCCL
+    symbols), ``cuda`` (needs the CUDA runtime or embeds GPU kernels)."""
+    def out(*cmd: str) -> str:
+        return subprocess.run(list(cmd), capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+
+    needed = [line.split("[", 1)[1].rstrip("]") for line in out("readelf", "-d", path).splitlines()
+              if "(NEEDED)" in line]
+    symbols = {line.split()[-1] for line in out("nm", "-D", path).splitlines() if line.strip()}
+    sections = out("readelf", "-S", "-W", path)
+    return {
+        "mpi": any(n.startswith("libmpi") for n in needed) and "MPI_Allreduce" in symbols,
+        "nccl": any(n.startswith("libnccl") for n in needed) or "ncclAllReduce" in symbols,
+        "cuda": any(n.startswith("libcudart") for n in needed) or ".nv_fatbin" in sections,
+    }

@@ -37,3 +37,15 @@ def test_keras_synthetic_benchmark_runs():
     job = example("keras_synthetic_benchmark.py", "--num-iters", "2",
                   "--num-batches-per-iter", "2", "--num-warmup-batches", "1")
     assert re.search(r"img/sec", job.out), job.explain()
+
+
+def test_keras_mnist_trains_and_checkpoints(tmp_path):
+    """The script `make demo` runs: 2 ranks, offline digits, tiny settings; rank 0
+    prints its summary line and writes one checkpoint per epoch."""
+    ckpt = tmp_path / "ckpt"
+    job = example("keras_mnist.py", "--epochs", "2", "--batch-size", "64",
+                  "--checkpoint-dir", str(ckpt))
+    m = re.search(r"ranks: 2  steps/epoch/rank: (\d+)  final val_accuracy: ([\d.]+)", job.out)
+    assert m and int(m.group(1)) > 0, job.explain()
+    assert 0.0 <= float(m.group(2)) <= 1.0
+    assert sorted(os.listdir(ckpt)) == ["checkpoint-1.keras", "checkpoint-2.keras"], job.explain()

@@ -177,6 +177,11 @@ def test_multinode_training_equals_single_host(cluster):
     assert multi["hosts"] == ["hostA", "hostB"], multi
     # The environment reached the ranks on the remote host too.
     assert multi["probes"] == ["forwarded"] * 4, multi
+    # Two hosts of two slots (--map-by slot): ranks 0, 1 on hostA, 2, 3 on hostB.
+    assert multi["topology"] == [
+        {"rank": r, "host": "hostA" if r < 2 else "hostB", "local_rank": r % 2,
+         "local_size": 2, "cross_rank": r // 2, "cross_size": 2, "homogeneous": True}
+        for r in range(4)], multi["topology"]
     # The 4 MB allreduce crossed the veth pair (only TCP can: they are
     # different namespaces), both ways.
     moved = {k: after[k] - before[k] for k in before}
@@ -188,6 +193,23 @@ def test_multinode_training_equals_single_host(cluster):
     assert one["size"] == 4
     assert one["losses"] == multi["losses"]
     assert one["digest"] == multi["digest"]
+
+
+def test_multinode_topology_of_uneven_hosts(cluster):
+    """hostA:1, hostB:2: rank 0 alone on hostA, ranks 1 and 2 on hostB.  Cross
+    ranks group the ranks of equal local rank (Horovod's rule), and the job is
+    not homogeneous."""
+    job = run(tfhvdrun() + ["-np", "3", "-H", "hostA:1,hostB:2", "-p", str(SSH_PORT),
+                            "-i", cluster.key, "--network-interface", IFNAME,
+                            "--start-timeout", "20", sys.executable, TRAIN, "--steps", "1"],
+              prefix=cluster.in_host("hostA", []), env=_job_env(cluster), timeout=300)
+    assert job.rc == 0, job.explain()
+    topology = result_line(job)["topology"]
+    expected = [("hostA", 0, 1, 0, 2), ("hostB", 0, 2, 1, 2), ("hostB", 1, 2, 0, 1)]
+    assert topology == [
+        {"rank": r, "host": host, "local_rank": lr, "local_size": ls, "cross_rank": cr,
+         "cross_size": cs, "homogeneous": False}
+        for r, (host, lr, ls, cr, cs) in enumerate(expected)], topology
 
 
 def test_multinode_unreachable_port_fails_fast(cluster):

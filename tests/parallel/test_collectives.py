@@ -1,5 +1,7 @@
 """Every collective on every dtype, eagerly and in tf.function, on N ranks."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,7 +10,8 @@ import tfhvd.tensorflow as hvd
 
 REDUCE_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
                  tf.float64]
-ALL_DTYPES = REDUCE_DTYPES + [tf.bool]
+# Broadcast, allgather and alltoall also move bool, int16 and uint16.
+ALL_DTYPES = REDUCE_DTYPES + [tf.bool, tf.int16, tf.uint16]
 OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max,
        "Product": hvd.Product}
 MODES = ["eager", "function"]
@@ -25,16 +28,32 @@ def run(mode, fn, *args):
     return tf.function(fn, autograph=False)(*args)
 
 
-def value(rank, shape=(3, 2)):
-    """Small positive values that depend on the rank, exact in every dtype."""
+def value(rank, shape=(3, 2), op="Sum"):
+    """Small positive values that depend on the rank, exact in every dtype.
+
+    For Product, each element is 2 on every third rank and 1 elsewhere, so the
+    product stays within int8 (and float16's exact integers) up to 18 ranks;
+    the other ops' results fit int8 up to 13 ranks.
+    """
     n = int(np.prod(shape))
-    return (np.arange(n).reshape(shape) % 3 + 1 + rank).astype(np.float64)
+    idx = np.arange(n).reshape(shape)
+    if op == "Product":
+        return (1 + ((idx + rank) % 3 == 0)).astype(np.float64)
+    return (idx % 3 + 1 + rank).astype(np.float64)
 
 
 def expected_reduce(op, size, shape=(3, 2)):
-    vals = np.stack([value(r, shape) for r in range(size)])
+    vals = np.stack([value(r, shape, op) for r in range(size)])
     return {"Sum": vals.sum(0), "Average": vals.sum(0) / size, "Min": vals.min(0),
             "Max": vals.max(0), "Product": vals.prod(0)}[op]
+
+
+def assert_fits(want, dtype):
+    """The expected values must be exact in ``dtype``: a size for which they
+    overflow fails here instead of passing unchecked."""
+    if dtype.is_integer:
+        assert dtype.min <= want.min() and want.max() <= dtype.max, \
+            "expected %s values overflow %s at %d ranks" % (want.max(), dtype.name, hvd.size())
 
 
 def close(got, want, dtype):
@@ -50,14 +69,11 @@ def close(got, want, dtype):
 @pytest.mark.parametrize("dtype", REDUCE_DTYPES, ids=lambda d: d.name)
 def test_allreduce(dtype, op, mode):
     rank, size = rank_size()
-    if op == "Product" and dtype in (tf.uint8, tf.int8, tf.float16, tf.bfloat16) and size > 2:
-        pass  # values stay small enough: max 6**3 fits float16; int8 may wrap, skip compare
-    x = tf.constant(value(rank), dtype=dtype)
+    x = tf.constant(value(rank, op=op), dtype=dtype)
     out = run(mode, lambda t: hvd.allreduce(t, op=OPS[op], name="ar"), x)
     assert out.dtype == dtype and out.shape == x.shape
     want = expected_reduce(op, size)
-    if dtype in (tf.uint8, tf.int8) and want.max() > dtype.max:
-        return
+    assert_fits(want, dtype)
     close(out.numpy(), want, dtype)
 
 
@@ -114,7 +130,9 @@ def test_allgather_scalar_and_grouped():
                                   [2 * r for r in range(size)])
     a, b = hvd.grouped_allgather([tf.fill([rank + 1], rank), tf.fill([1, 3], rank)])
     assert a.shape == (size * (size + 1) // 2,) and b.shape == (size, 3)
-    np.testing.assert_array_equal(b.numpy()[:, 0], np.arange(size))
+    # Rank r gave r + 1 copies of r: [0, 1, 1, 2, 2, 2, ...].
+    np.testing.assert_array_equal(a.numpy(), np.repeat(np.arange(size), np.arange(1, size + 1)))
+    np.testing.assert_array_equal(b.numpy(), np.repeat(np.arange(size)[:, None], 3, axis=1))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -151,6 +169,8 @@ def test_alltoall_even_split_and_zero_splits():
     splits = [0] * size if rank == 0 else [1] * size
     out, rs = hvd.alltoall(tf.fill([sum(splits)], rank), splits=splits)
     assert rs.numpy().tolist() == [0] + [1] * (size - 1)
+    # One element from each of ranks 1..size-1, holding that rank's number.
+    np.testing.assert_array_equal(out.numpy(), np.arange(1, size))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -163,8 +183,7 @@ def test_reducescatter_uneven(dtype, mode):
     full = expected_reduce("Sum", size, (rows, 2))
     counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
     start = sum(counts[:rank])
-    if dtype in (tf.uint8, tf.int8) and full.max() > dtype.max:
-        return
+    assert_fits(full, dtype)
     close(out.numpy(), full[start:start + counts[rank]], dtype)
     avg = run(mode, lambda t: hvd.reducescatter(t, name="rs_avg"), tf.constant(value(rank, (rows, 2)), tf.float32))
     close(avg.numpy(), full[start:start + counts[rank]] / size, tf.float32)
@@ -180,22 +199,73 @@ def test_grouped_reducescatter():
 
 
 def test_join_contributes_zeros():
+    """Rank 0 joins at once; the others reduce with zeros from it; the last rank
+    also reduces alone (every other rank joined) and so joins last; every rank
+    learns which rank that was, and the job goes on."""
     rank, size = rank_size()
+    seen = {}
     if rank == 0:
-        last = hvd.join()  # rank 0 has no more data
+        seen["last"] = hvd.join()  # rank 0 has no more data
     else:
-        out = hvd.allreduce(tf.constant([float(rank)]), op=hvd.Sum, name="after_join")
-        # Rank 0 contributed zeros.
-        assert out.numpy()[0] == sum(range(1, size))
-        last = hvd.join()
-    assert 0 <= last < size
+        x = tf.constant([float(rank), 10.0 * rank])
+        seen["sum"] = hvd.allreduce(x, op=hvd.Sum, name="after_join_sum").numpy().tolist()
+        seen["avg"] = hvd.allreduce(x, op=hvd.Average, name="after_join_avg").numpy().tolist()
+        seen["grouped"] = [t.numpy().tolist() for t in hvd.grouped_allreduce(
+            [x, x * 2.0], op=hvd.Sum, name="after_join_grouped")]
+        if rank == size - 1:
+            # Every other rank has joined (or will): only this rank's values count.
+            seen["alone"] = hvd.allreduce(x, op=hvd.Average, name="alone").numpy().tolist()
+        seen["last"] = hvd.join()
     # Everything is back to normal after all ranks joined.
-    assert hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy() == size
+    seen["after"] = float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="post_join"))
+    seen["bcast"] = hvd.broadcast(tf.constant([rank]), size - 1, name="post_join_bc").numpy()
+    seen["again"] = hvd.join()  # a second join with everyone at once still returns a rank
+
+    assert seen["last"] == size - 1, seen
+    assert seen["after"] == size and seen["bcast"].tolist() == [size - 1]
+    assert 0 <= seen["again"] < size
+    if rank > 0:
+        # Joined ranks contribute zeros; Average still divides by the job's size
+        # (Horovod's rule), so the mean over ranks 1..size-1 comes out of a
+        # sum over all ranks.
+        total = sum(range(1, size))
+        assert seen["sum"] == [total, 10.0 * total], seen
+        np.testing.assert_allclose(seen["avg"], [total / size, 10.0 * total / size], rtol=1e-6)
+        assert seen["grouped"] == [[total, 10.0 * total], [2.0 * total, 20.0 * total]], seen
+    if rank == size - 1:
+        np.testing.assert_allclose(seen["alone"], [rank / size, 10.0 * rank / size], rtol=1e-6)
 
 
-def test_barrier():
-    hvd.barrier()
-    hvd.barrier()
+def _barrier_times(enter):
+    """The last rank sleeps before ``enter``; returns (its arrival, each rank's exit)."""
+    rank, size = rank_size()
+    if rank == size - 1:
+        time.sleep(0.5)
+    arrived = time.time()
+    left = enter()
+    gathered = hvd.allgather_object((arrived, left), name="barrier_times")
+    return gathered[-1][0], [g[1] for g in gathered]
+
+
+def test_barrier_waits_for_the_last_rank():
+    # time.time() is one clock for every process on this host.
+    def enter():
+        hvd.barrier()
+        return time.time()
+
+    for _ in range(2):
+        last_arrival, exits = _barrier_times(enter)
+        assert all(t >= last_arrival for t in exits), (last_arrival, exits)
+
+
+def test_barrier_in_tf_function():
+    @tf.function
+    def step():
+        hvd.barrier()
+        return tf.timestamp()  # stateful ops run in program order: after the barrier
+
+    last_arrival, exits = _barrier_times(lambda: float(step()))
+    assert all(t >= last_arrival for t in exits), (last_arrival, exits)
 
 
 def test_object_collectives():
@@ -262,3 +332,57 @@ def test_eager_threads_and_a_graph_at_once():
         assert results[(i, "conc_eager_%d" % i)].tolist() == [float(i * size)] * 3
     assert results[(1, "conc_same")].tolist() == [float(size)] * 3
     assert [g.numpy().tolist() for g in graph_out] == [[float(i * size)] * 2 for i in range(4)]
+
+
+def test_topology_matches_the_launcher():
+    """Every rank runs on this host: local = global, one cross rank; mpirun's own
+    variables say where each rank is."""
+    import os
+
+    rank, size = rank_size()
+    assert rank == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert size == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.local_rank() == int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]) == rank
+    assert hvd.local_size() == int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]) == size
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
+    assert hvd.is_homogeneous() is True
+    everyone = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.local_size()),
+                                    name="topology")
+    assert everyone == [(r, r, size) for r in range(size)]
+
+
+# Values that fp16 and bf16 cannot both hold: 1 + 2**-13 is 1.0 in both;
+# 1 + 2**-9 is exact in fp16 (10 mantissa bits) but 1.0 in bf16 (7 bits).
+WIRE_VALUES = [1.0 + 2.0 ** -13, 1.0 + 2.0 ** -9]
+WIRE_EXPECTED = {
+    "none": lambda n: [n * WIRE_VALUES[0], n * WIRE_VALUES[1]],
+    "fp16": lambda n: [float(n), n * WIRE_VALUES[1]],
+    "bf16": lambda n: [float(n), float(n)],
+}
+COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+                "bf16": hvd.Compression.bf16}
+
+
+@pytest.mark.parametrize("wire", sorted(COMPRESSIONS))
+def test_compression_travels_in_the_wire_dtype(wire):
+    """The result carries the wire dtype's rounding, and the timeline shows the
+    bytes of 16-bit values going through the allreduce."""
+    from timeline_probe import recorded, spans
+
+    rank, size = rank_size()
+    n = 500
+    x = tf.constant(np.tile(WIRE_VALUES, n // 2), tf.float32)
+    comp = COMPRESSIONS[wire]
+    (out, grouped), events = recorded(lambda: (
+        hvd.allreduce(x, op=hvd.Sum, compression=comp, name="wire_" + wire),
+        hvd.grouped_allreduce([x, x[:2]], op=hvd.Sum, compression=comp,
+                              name="wire_grouped_" + wire)))
+    assert out.dtype == tf.float32
+    want = np.tile(np.float32(WIRE_EXPECTED[wire](size)), n // 2)
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(grouped[1].numpy(), want[:2])
+    bytes_per_value = 4 if wire == "none" else 2
+    moved = {s["tensor"]: s["args"]["bytes"] for s in spans(events, "allreduce")}
+    assert moved.get("wire_" + wire) == n * bytes_per_value, moved
+    assert sorted(v for k, v in moved.items() if k.startswith("wire_grouped_")) == \
+        [2 * bytes_per_value, n * bytes_per_value], moved

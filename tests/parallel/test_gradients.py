@@ -41,6 +41,7 @@ def test_grouped_allreduce_grad():
         ys = hvd.grouped_allreduce(xs, op=hvd.Sum, name="gg")
         loss = tf.add_n([tf.reduce_sum(y) for y in ys])
     gs = tape.gradient(loss, xs)
+    np.testing.assert_allclose(gs[0].numpy(), [size])
     np.testing.assert_allclose(gs[1].numpy(), [size, size])
 
 
@@ -132,14 +133,135 @@ def test_indexed_slices_allreduce():
     np.testing.assert_allclose(dense[:, 0], (np.arange(size) + 1.0) / size)
 
 
-def test_predivide_factor():
+def test_predivide_factor_keeps_fp16_sums_in_range():
+    """gradient_predivide_factor=F divides by F before the sum and by size/F after.
+    With fp16 on the wire, a sum that overflows float16 (65504) without it stays
+    finite with it; the ops carry prescale 1/F and postscale F."""
+    size = hvd.size()
+    big = 40000.0  # fits float16; size * big does not
+
+    def grads(factor):
+        w = tf.Variable([1.0, 2.0])
+
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * tf.constant([big, 3.0]))
+            tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16,
+                                               gradient_predivide_factor=factor)
+            return tape.gradient(loss, [w])[0]
+
+        fn = tf.function(step)
+        graph = fn.get_concrete_function().graph
+        ops = [op for op in graph.get_operations() if op.type == "HorovodGroupedAllreduce"]
+        scales = [(op.get_attr("prescale_factor"), op.get_attr("postscale_factor")) for op in ops]
+        return fn().numpy(), step().numpy(), scales
+
+    plain, plain_eager, plain_scales = grads(1.0)
+    pre, pre_eager, pre_scales = grads(float(size))
+    assert plain_scales == [(1.0, 1.0)], plain_scales
+    np.testing.assert_allclose(pre_scales, [(1.0 / size, float(size))], rtol=1e-6)
+    for got in (plain, plain_eager):
+        assert np.isinf(got[0]) and got[1] == 3.0, got  # the fp16 sum overflowed
+    for got in (pre, pre_eager):
+        np.testing.assert_allclose(got, [big, 3.0], rtol=2e-3)
+
+
+def _grouped_ops(fn, *args):
+    """The HorovodGroupedAllreduce ops a tf.function holds: their input counts."""
+    graph = fn.get_concrete_function(*args).graph
+    return sorted(len(op.inputs) for op in graph.get_operations()
+                  if op.type == "HorovodGroupedAllreduce")
+
+
+def test_num_groups_issues_that_many_collectives():
+    """num_groups=N: the gradients go out in N grouped allreduces (one op each,
+    one negotiated group each in the timeline); without it, in one."""
+    from timeline_probe import recorded, tensors
+
     rank, size = hvd.rank(), hvd.size()
-    w = tf.Variable([1.0])
-    with tf.GradientTape() as tape:
-        loss = w * float(rank + 1)
-    tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=float(size))
-    (g,) = tape.gradient(loss, [w])
-    np.testing.assert_allclose(g.numpy(), [(size + 1) / 2.0], rtol=1e-6)
+    ws = [tf.Variable(tf.fill([i + 1], 1.0)) for i in range(5)]
+
+    def make(num_groups):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(w) * float(rank + 1) for w in ws])
+            tape = hvd.DistributedGradientTape(tape, num_groups=num_groups)
+            return tape.gradient(loss, ws)
+        return step
+
+    counts = {n: _grouped_ops(make(n)) for n in (0, 2, 3)}
+    assert counts == {0: [5], 2: [2, 3], 3: [1, 2, 2]}, counts
+    step = make(2)
+    grads, events = recorded(step)
+    for w, g in zip(ws, grads):
+        np.testing.assert_allclose(g.numpy(), np.full(w.shape, (size + 1) / 2.0))
+    names = tensors(events, "allreduce")
+    assert len(names) == 5, names
+    # Grouped members are named "<group>_<i>of<n>": two groups, of 2 and 3.
+    groups = sorted(int(n.rsplit("of", 1)[1]) for n in names)
+    assert groups == [2, 2, 3, 3, 3], names
+
+
+def _embedding_step(sparse_as_dense):
+    rank = hvd.rank()
+    emb = tf.Variable(tf.ones([5, 2]))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [rank % 5]) * float(rank + 1))
+        tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+        return tf.convert_to_tensor(tape.gradient(loss, [emb])[0])
+
+    return step
+
+
+def test_sparse_as_dense_reduces_densely():
+    """sparse_as_dense=True allreduces the dense [5, 2] gradient; without it the
+    IndexedSlices' values and indices are allgathered (op types and timeline)."""
+    from timeline_probe import recorded, spans
+
+    rank, size = hvd.rank(), hvd.size()
+    kinds = {}
+    results = {}
+    for dense in (False, True):
+        step = _embedding_step(dense)
+        graph = step.get_concrete_function().graph
+        kinds[dense] = sorted({op.type for op in graph.get_operations()
+                               if op.type.startswith("Horovod")})
+        out, events = recorded(step)
+        results[dense] = (out.numpy(), {a: [s["args"]["bytes"] for s in spans(events, a)]
+                                        for a in ("allreduce", "allgather")})
+    assert kinds[True] == ["HorovodGroupedAllreduce"], kinds
+    assert "HorovodAllgather" in kinds[False] and "HorovodGroupedAllreduce" not in kinds[False]
+    dense_bytes = results[True][1]
+    assert dense_bytes["allgather"] == [] and dense_bytes["allreduce"] == [5 * 2 * 4], dense_bytes
+    sparse_bytes = results[False][1]
+    assert sparse_bytes["allreduce"] == [] and len(sparse_bytes["allgather"]) == 2, sparse_bytes
+    want = np.zeros([5, 2])
+    for r in range(size):
+        want[r % 5] += (r + 1.0) / size
+    for dense in (False, True):
+        np.testing.assert_allclose(results[dense][0], want, rtol=1e-6)
+
+
+def test_tape_compression_carries_the_wire_rounding():
+    """DistributedGradientTape(compression=...): the gradients travel as fp16/bf16."""
+    size = hvd.size()
+    c = tf.constant([1.0 + 2.0 ** -13, 1.0 + 2.0 ** -9])
+    w = tf.Variable([0.0, 0.0])
+    out = {}
+    for wire, comp in (("none", hvd.Compression.none), ("fp16", hvd.Compression.fp16),
+                       ("bf16", hvd.Compression.bf16)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * c)
+        tape = hvd.DistributedGradientTape(tape, compression=comp, op=hvd.Sum)
+        out[wire] = tape.gradient(loss, [w])[0].numpy().tolist()
+    c0, c1 = (float(np.float32(v)) for v in c.numpy())
+    assert out["none"] == [float(np.float32(size * c0)), float(np.float32(size * c1))], out
+    assert out["fp16"] == [float(size), float(np.float32(size * c1))], out
+    assert out["bf16"] == [float(size), float(size)], out
 
 
 def test_grouped_allgather_and_reducescatter_grads():

@@ -75,13 +75,23 @@ def test_embedding_gradients(sparse_as_dense):
                                  keras.layers.GlobalAveragePooling1D(),
                                  keras.layers.Dense(kc.CLASSES, activation="softmax")])
 
+    from timeline_probe import spans, recorded
+
     model = build(100 + r)
     initial = model.get_weights()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
                                                      sparse_as_dense=sparse_as_dense),
                   loss=kc.LOSS)
-    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    _, events = recorded(lambda: model.fit(
+        x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)]))
+    # The timeline says how the embedding's gradient travelled: densified, it is
+    # a [20, 4] float32 allreduce and nothing is gathered; sparse, its values and
+    # indices are allgathered at every step.
+    gathered = [s for s in spans(events, "allgather") if "_Sparse_" in s["tensor"]]
+    reduced = [s["args"]["bytes"] for s in spans(events, "allreduce")
+               if "_Allreduce_" in s["tensor"]]
+    steps = 2 * kc.STEPS
     initials = hvd.allgather_object(initial, name="embedding_initial")
     everyone = hvd.allgather_object(model.get_weights(), name="embedding_final")
     ref = build(7)
@@ -95,6 +105,64 @@ def test_embedding_gradients(sparse_as_dense):
             np.testing.assert_array_equal(a, b)
     for d, e in zip(model.get_weights(), ref.get_weights(), strict=True):
         np.testing.assert_allclose(d, e, rtol=1e-5, atol=1e-5)
+    if sparse_as_dense:
+        assert gathered == [] and reduced.count(20 * 4 * 4) == steps, (gathered, reduced)
+    else:
+        assert len(gathered) == 2 * steps and 20 * 4 * 4 not in reduced, (gathered, reduced)
+
+
+def _reduction_ops(reduction, grads, variables):
+    """Runs ``reduction.reduce`` in a tf.function; returns the results and the
+    input counts of its HorovodGroupedAllreduce ops (one per issued collective)."""
+    import tensorflow as tf
+
+    fn = tf.function(lambda: reduction.reduce(grads, variables))
+    graph = fn.get_concrete_function().graph
+    counts = sorted(len(op.inputs) for op in graph.get_operations()
+                    if op.type == "HorovodGroupedAllreduce")
+    return [t.numpy() for t in fn()], counts
+
+
+def test_groups_set_the_number_of_collectives():
+    import tensorflow as tf
+
+    from tfhvd._keras.reduction import GradientReduction
+
+    variables = [tf.Variable(tf.zeros([i + 1])) for i in range(5)]
+    grads = [tf.fill([i + 1], float(hvd.rank() + 1)) for i in range(5)]
+    counts = {}
+    for groups in (None, 2, 3):
+        out, counts[groups] = _reduction_ops(GradientReduction(groups=groups), grads, variables)
+        for o, v in zip(out, variables, strict=True):
+            np.testing.assert_allclose(o, np.full(v.shape, (hvd.size() + 1) / 2.0))
+    _, counts["lists"] = _reduction_ops(
+        GradientReduction(groups=[[variables[0], variables[4]], [variables[2]]]), grads,
+        variables)
+    assert counts == {None: [5], 2: [2, 3], 3: [1, 2, 2], "lists": [1, 1, 1, 2]}, counts
+
+
+def test_compression_and_predivide_in_the_optimizer_reduction():
+    """DistributedOptimizer's reduction carries the wire dtype's rounding, and
+    gradient_predivide_factor keeps an fp16 sum that would overflow finite."""
+    import tensorflow as tf
+
+    from tfhvd._keras.reduction import GradientReduction
+
+    n = hvd.size()
+    c = tf.constant([1.0 + 2.0 ** -13, 1.0 + 2.0 ** -9])
+    got = {name: GradientReduction(compression=comp, op=hvd.Sum).reduce([c])[0].numpy().tolist()
+           for name, comp in (("none", hvd.Compression.none), ("fp16", hvd.Compression.fp16),
+                              ("bf16", hvd.Compression.bf16))}
+    c0, c1 = (float(np.float32(v)) for v in c.numpy())
+    assert got == {"none": [float(np.float32(n * c0)), float(np.float32(n * c1))],
+                   "fp16": [float(n), float(np.float32(n * c1))],
+                   "bf16": [float(n), float(n)]}, got
+    big = tf.constant([40000.0, 3.0])  # fits float16; n * 40000 does not
+    plain = GradientReduction(compression=hvd.Compression.fp16).reduce([big])[0].numpy()
+    pre = GradientReduction(compression=hvd.Compression.fp16,
+                            gradient_predivide_factor=float(n)).reduce([big])[0].numpy()
+    assert np.isinf(plain[0]) and plain[1] == 3.0, plain
+    np.testing.assert_allclose(pre, [40000.0, 3.0], rtol=2e-3)
 
 
 def test_groups_given_as_variable_lists_reduce_like_one_group():
@@ -167,6 +235,14 @@ def test_jit_compile_true_is_turned_off_with_a_warning():
     kc.assert_equivalent(result)
     assert result["model"].jit_compile is False
     assert len(messages) == 1 and "jit_compile=False" in messages[0], messages
+    # As the README says, the switch is the model's: evaluate and predict run
+    # without XLA afterwards, and they work.
+    x, y = kc.rank_data(hvd.size())
+    model = result["model"]
+    loss = model.evaluate(x[0], y[0], verbose=0)
+    probs = model.predict(x[0], verbose=0)
+    assert model.jit_compile is False and np.isfinite(loss) and probs.shape == (len(x[0]),
+                                                                              kc.CLASSES)
 
 
 def test_warmup_learning_rate_at_every_batch():
@@ -216,6 +292,75 @@ def test_schedule_callback_staircase():
     expected = [0.01] * kc.STEPS + [0.005] * kc.STEPS + [0.0025] * kc.STEPS
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
     np.testing.assert_allclose(history.history["lr"], [0.01, 0.005, 0.0025], rtol=1e-6)
+
+
+def _schedule_run(callback_kwargs, epochs=4, momentum=0.0):
+    """Fits with LearningRateScheduleCallback(**callback_kwargs); records at every
+    batch the rate and the momentum buffers just before and just after it acts."""
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n)
+    seen = []
+
+    def buffers(opt):
+        return [keras.ops.convert_to_numpy(m).copy() for m in getattr(opt, "momentums", [])]
+
+    class Before(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append({"before": buffers(self.model.optimizer)})
+
+    class After(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen[-1].update(lr=kc.lr_value(self.model.optimizer),
+                            after=buffers(self.model.optimizer))
+
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01,
+                                                                          momentum=momentum)),
+                  loss=kc.LOSS)
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Before(),
+                         hvd.callbacks.LearningRateScheduleCallback(**callback_kwargs), After()])
+    return seen
+
+
+def test_schedule_callback_callable_multiplier_and_end_epoch():
+    seen = _schedule_run(dict(initial_lr=0.01, multiplier=lambda epoch: 1.0 / (epoch + 1),
+                              start_epoch=1, end_epoch=3))
+    # Epoch 0: before start_epoch; 1 and 2: 0.01 / (epoch + 1); 3: end_epoch is
+    # excluded, so the rate of epoch 2 stays.
+    expected = [0.01] * kc.STEPS + [0.005] * kc.STEPS + [0.01 / 3] * 2 * kc.STEPS
+    np.testing.assert_allclose([s["lr"] for s in seen], expected, rtol=1e-6)
+
+
+def test_schedule_callback_per_batch_with_steps_per_epoch():
+    """staircase=False changes the rate at every batch with epoch + batch /
+    steps_per_epoch; the given steps_per_epoch (2, not the 4 fit runs) is used."""
+    seen = _schedule_run(dict(initial_lr=0.01, multiplier=lambda epoch: 0.5 ** epoch,
+                              staircase=False, steps_per_epoch=2), epochs=2)
+    expected = [0.01 * 0.5 ** (e + b / 2.0) for e in range(2) for b in range(kc.STEPS)]
+    np.testing.assert_allclose([s["lr"] for s in seen], expected, rtol=1e-6)
+    detected = _schedule_run(dict(initial_lr=0.01, multiplier=lambda epoch: 0.5 ** epoch,
+                                  staircase=False), epochs=1)
+    np.testing.assert_allclose([s["lr"] for s in detected],
+                               [0.01 * 0.5 ** (b / kc.STEPS) for b in range(kc.STEPS)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("correction", [True, False], ids=["corrected", "uncorrected"])
+def test_schedule_callback_momentum_correction(correction):
+    """When the rate changes from old to new, momentum_correction scales SGD's
+    velocity by new / old (and leaves it alone when off)."""
+    seen = _schedule_run(dict(initial_lr=0.01, multiplier=0.5, momentum_correction=correction),
+                         epochs=3, momentum=0.9)
+    changes = 0
+    for k in range(1, len(seen)):
+        old, new = seen[k - 1]["lr"], seen[k]["lr"]
+        ratio = new / old if correction else 1.0
+        changes += new != old
+        assert seen[k]["before"], "SGD with momentum exposed no velocity buffers"
+        for b, a in zip(seen[k]["before"], seen[k]["after"], strict=True):
+            np.testing.assert_allclose(a, b * ratio, rtol=1e-6, atol=1e-12)
+    assert changes == 2, [s["lr"] for s in seen]
+    assert any(np.abs(b).max() > 0 for b in seen[kc.STEPS]["before"]), "no velocity to scale"
 
 
 def test_metric_average_equal_on_all_ranks():

@@ -46,6 +46,35 @@ CONFIG_CASES = {
 }
 
 
+def _fit_with(opt, steps=6, seed=0):
+    """One epoch of ``steps`` batches from rank 0's start; returns (weights, timeline)."""
+    from timeline_probe import recorded
+
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n, steps=steps)
+    model = kc.build_model(keras, seed=100 + r + seed)
+    model.compile(optimizer=opt, loss=kc.LOSS)
+    _, events = recorded(lambda: model.fit(
+        x[r], y[r], batch_size=kc.BATCH, epochs=1, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)]))
+    return [w.copy() for w in model.get_weights()], events, int(opt.iterations)
+
+
+def _reduction_signature(events):
+    """What the timeline says the optimizer's reductions were: bytes per gradient
+    value (the wire dtype) and the groups of one update."""
+    import re
+
+    from timeline_probe import spans
+
+    grads = [s for s in spans(events, "allreduce") if "_Allreduce_" in s["tensor"]]
+    groups = sorted({int(re.search(r"_Allreduce_(\d+)", s["tensor"]).group(1)) for s in grads})
+    # The model's variables: 6x8 + 8 + 8x3 + 3 values.
+    per_update = sum(s["args"]["bytes"] for s in grads) / max(1, len(grads) // 4)
+    return {"groups": groups, "bytes_per_value": per_update / (6 * 8 + 8 + 8 * 3 + 3),
+            "reductions": len(grads)}
+
+
 @pytest.mark.parametrize("name", sorted(CONFIG_CASES))
 def test_get_config_from_config_round_trip(name):
     opt = hvd.DistributedOptimizer(CONFIG_CASES[name](), name="Mine",
@@ -62,6 +91,21 @@ def test_get_config_from_config_round_trip(name):
     restored = keras.optimizers.deserialize(payload)
     assert type(restored) is type(opt) and restored.get_config() == config
 
+    # Behaviour after the round trip: the copies train exactly like the original,
+    # which trains differently from default settings; the timeline shows fp16 on
+    # the wire, two groups, and one reduction per 3 batches (6 batches: 2).
+    original = _fit_with(opt)
+    copies = [_fit_with(again), _fit_with(restored)]
+    default = _fit_with(hvd.DistributedOptimizer(CONFIG_CASES[name]()))
+    for weights, events, iterations in [original] + copies:
+        for a, b in zip(original[0], weights, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert iterations == 2
+        sig = _reduction_signature(events)
+        assert sig == {"groups": [0, 1], "bytes_per_value": 2.0, "reductions": 2 * 4}, sig
+    assert default[2] == 6 and _reduction_signature(default[1])["bytes_per_value"] == 4.0
+    assert any(not np.allclose(a, b) for a, b in zip(original[0], default[0], strict=True))
+
 
 def test_loss_scale_optimizer_round_trip():
     lso = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
@@ -72,6 +116,13 @@ def test_loss_scale_optimizer_round_trip():
     assert isinstance(restored, keras.optimizers.LossScaleOptimizer)
     assert is_distributed(restored) and restored.initial_scale == 128.0
     assert reduction_of(restored).compression is hvd.Compression.bf16
+    # It still reduces, in bf16, and its ranks stay in step.
+    weights, events, _ = _fit_with(restored, steps=2)
+    assert _reduction_signature(events)["bytes_per_value"] == 2.0
+    everyone = hvd.allgather_object(weights, name="lso_round_trip")
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_sync_batch_norm_round_trip():
@@ -79,6 +130,11 @@ def test_sync_batch_norm_round_trip():
     payload = json.loads(json.dumps(keras.layers.serialize(layer)))
     restored = keras.layers.deserialize(payload)
     assert type(restored) is type(layer) and restored.momentum == 0.7
+    # The restored layer still normalises with the global batch's statistics.
+    r, n = hvd.rank(), hvd.size()
+    restored(np.full([4, 3], float(r), "float32"), training=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(restored.moving_mean),
+                               np.full([3], 0.3 * (n - 1) / 2.0), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ bad input
@@ -257,22 +313,40 @@ def test_broadcast_after_rank0_loaded_a_checkpoint(shared_dir):
             np.testing.assert_array_equal(a, b)
 
 
-def test_best_model_checkpoint_writes_on_rank_0_only(shared_dir):
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_best_model_checkpoint_holds_the_best_epoch(shared_dir, mode):
+    """Rank 0 alone writes; the file holds the weights of the epoch with the best
+    averaged val_loss.  With mode="max" the best epoch is an early one (training
+    lowers the loss), so a checkpoint of the last epoch would not pass."""
     r, n = hvd.rank(), hvd.size()
     x, y = kc.rank_data(n)
-    xv, yv = kc.rank_data(n, seed=2)
     model = kc.build_model(keras, seed=100 + r)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss=kc.LOSS)
-    target = os.path.join(shared_dir, "best_rank%d.keras" % r)
-    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
-              validation_data=(xv[r], yv[r]),
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.05)), loss=kc.LOSS)
+    target = os.path.join(shared_dir, "best_%s_rank%d.keras" % (mode, r))
+    epochs = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            epochs.append((float(logs["val_loss"]), [w.copy() for w in self.model.get_weights()]))
+
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=4, shuffle=False, verbose=0,
+              validation_data=(x[r], y[r]),
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.MetricAverageCallback(),
-                         hvd.callbacks.BestModelCheckpoint(monitor="val_loss", filepath=target)])
+                         hvd.callbacks.BestModelCheckpoint(monitor="val_loss", mode=mode,
+                                                           filepath=target),
+                         Probe()])
     hvd.barrier()
-    written = sorted(f for f in os.listdir(shared_dir) if f.startswith("best_rank"))
-    assert written == ["best_rank0.keras"], written
-    assert is_distributed(hvd.load_model(os.path.join(shared_dir, written[0])).optimizer)
+    written = sorted(f for f in os.listdir(shared_dir) if f.startswith("best_%s_" % mode))
+    assert written == ["best_%s_rank0.keras" % mode], written
+    losses = [loss for loss, _ in epochs]
+    best = int(np.argmin(losses) if mode == "min" else np.argmax(losses))
+    if mode == "max":
+        assert best != len(epochs) - 1, losses
+    loaded = hvd.load_model(os.path.join(shared_dir, written[0]))
+    assert is_distributed(loaded.optimizer)
+    for a, b in zip(loaded.get_weights(), epochs[best][1], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------------ mixed precision

@@ -98,8 +98,14 @@ def test_unknown_reduce_op():
 
 
 def test_build_info_and_version():
-    assert hvd.mpi_built() and hvd.mpi_enabled()
-    assert hvd.nccl_built() in (True, False)
+    from tests.conftest import library_ground_truth
+    from tfhvd.common import library
+
+    truth = library_ground_truth(library.library_path())
+    # This CPU build links MPI and neither NCCL nor CUDA; the report must say so.
+    assert truth == {"mpi": True, "nccl": False, "cuda": False}, truth
+    assert hvd.mpi_built() is True and hvd.mpi_enabled()
+    assert hvd.nccl_built() is False and hvd.cuda_built() is False
     assert not hvd.gloo_built()
     assert tfhvd.__version__ == hvd.__version__
     assert tfhvd.__version__.count(".") == 2

@@ -40,12 +40,16 @@ def test_normal_end_is_clean():
     assert "exited improperly" not in text and "did not call" not in text
 
 
-@pytest.mark.parametrize("control,shm,says", [
-    ("mpi", "1", "control channel: MPI messages"),
-    ("tcp", "1", "control channel: sockets to 2 peers, 2 of them through shared memory"),
-    ("tcp", "0", "control channel: sockets to 2 peers, 0 of them through shared memory"),
+@pytest.mark.parametrize("prefix,control,shm,says", [
+    ("TFHVD_", "mpi", "1", "control channel: MPI messages"),
+    ("TFHVD_", "tcp", "1", "control channel: sockets to 2 peers, 2 of them through shared memory"),
+    ("TFHVD_", "tcp", "0", "control channel: sockets to 2 peers, 0 of them through shared memory"),
+    # Horovod's names of the same settings (job scripts written for Horovod).
+    ("HOROVOD_", "mpi", "1", "control channel: MPI messages"),
+    ("HOROVOD_", "tcp", "0", "control channel: sockets to 2 peers, 0 of them through shared "
+                             "memory"),
 ])
-def test_control_transports(control, shm, says):
+def test_control_transports(prefix, control, shm, says):
     out = mpirun(3, """
         import tensorflow as tf, tfhvd.tensorflow as hvd
         hvd.init()
@@ -57,7 +61,8 @@ def test_control_transports(control, shm, says):
         except tf.errors.FailedPreconditionError as e:
             say("mismatch reported", "rank 2 sent shape [3]" in e.message)
         say("ok", [float(v[0]) for v in vals] == [3.0 + 3 * i for i in range(20)])
-    """, env={"TFHVD_CONTROL": control, "TFHVD_CONTROL_SHM": shm, "TFHVD_LOG_LEVEL": "info"})
+    """, env={prefix + "CONTROL": control, prefix + "CONTROL_SHM": shm,
+              "TFHVD_LOG_LEVEL": "info"})
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert text.count("ok True") == 3, text

@@ -7,7 +7,8 @@
    is wrapped: when the model's optimizer is a tfhvd ``DistributedOptimizer``
    (or the model has a ``SyncBatchNormalization`` layer) and ``jit_compile`` is on,
    it warns once per model and sets ``model.jit_compile = False`` before the
-   train function is built.  ``evaluate`` and ``predict`` keep XLA.
+   train function is built.  That attribute is the model's, so its ``evaluate``
+   and ``predict`` then run without XLA too.
 2. **A collective finiteness check for Keras 3's ``LossScaleOptimizer``.**  A
    ``LossScaleOptimizer`` around a distributed optimizer (what ``compile`` makes
    under the ``mixed_float16`` policy) decides from the local gradients whether

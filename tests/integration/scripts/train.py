@@ -98,10 +98,15 @@ def main() -> None:
     digests = hvd.allgather_object(digest)
     hosts = hvd.allgather_object(os.uname()[1])
     probes = hvd.allgather_object(os.environ.get("TFHVD_TEST_PROBE"))
+    topology = hvd.allgather_object({
+        "rank": rank, "host": os.uname()[1], "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(), "homogeneous": hvd.is_homogeneous()})
     if rank == 0:
         print("RESULT " + json.dumps({"size": size, "losses": losses, "digest": digest,
                                       "ranks_agree": len(set(digests)) == 1,
-                                      "hosts": sorted(set(hosts)), "probes": probes}),
+                                      "hosts": sorted(set(hosts)), "probes": probes,
+                                      "topology": topology}),
               flush=True)
     if a.timeline:
         hvd.stop_timeline()
