@@ -27,20 +27,22 @@ TIMEOUT := timeout --signal=KILL 900
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
-# CPU library above stays as it is.  Its CUDA runtime and NCCL wheels go to
-# GPU_DEPS (pip --target), found through PYTHONPATH like an installed
-# tensorflow[and-cuda] would be.  A machine without a CUDA 12 nvcc (this one
-# has CUDA 13's) compiles the .cu files with the nvcc it has, as a
-# compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); set TFHVD_CUDA_HOME to
-# a CUDA 12 toolkit for a library to run.
+# CPU library above stays as it is.  Its CUDA 12 runtime, NVRTC and NCCL
+# wheels go to GPU_DEPS (pip --target), found through PYTHONPATH like an
+# installed tensorflow[and-cuda] would be.  The device code is compiled by
+# CUDA 12.5's NVRTC into sm_80/sm_90 cubins plus PTX, embedded in the library
+# and loaded with the driver API, so this is a CUDA 12 library that could
+# ship, built without any nvcc.  TFHVD_CUDA_HOME=<CUDA 12 toolkit> uses that
+# toolkit's nvcc instead; TFHVD_CUDA_COMPILE_CHECK=1 (the named fallback)
+# accepts the CUDA 13 nvcc of this machine, for a compile check only.
 GPU_BUILD_DIR ?= build-gpu
 GPU_DEPS := $(VENV)/gpu-deps
 GPU_DEPS_STAMP := $(GPU_DEPS)/.tfhvd-gpu-deps
 GPU_LIB := $(GPU_BUILD_DIR)/lib/tfhvd/tfhvd_ops.so
 GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_OPERATIONS=NCCL \
-	TFHVD_CUDA_COMPILE_CHECK=$${TFHVD_CUDA_COMPILE_CHECK:-1} TFHVD_BUILD_DIR=$(abspath $(GPU_BUILD_DIR))
+	TFHVD_CUDA_COMPILE_CHECK=$${TFHVD_CUDA_COMPILE_CHECK:-0} TFHVD_BUILD_DIR=$(abspath $(GPU_BUILD_DIR))
 GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
-	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py')
+	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py' -o -name 'build_device_code.py')
 
 setup: mpi $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 

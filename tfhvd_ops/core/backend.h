@@ -113,6 +113,7 @@ struct BackendOptions {
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
   bool control_shm = true;    // same-host control bytes through shared memory
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
+  double device_timeout_s = 600.0;      // longest wait for device work (NCCL_TIMEOUT)
 };
 
 // Everything a runtime needs from its transports.
@@ -135,6 +136,11 @@ class Backend {
   virtual Collectives* cross_collectives() { return nullptr; }
 };
 
+// The device of a device collective on a rank that has no tensor in it (a
+// joined rank): the backend uses this process's own GPU, never another
+// rank's ordinal.
+constexpr int kOwnDevice = 1 << 30;
+
 // Implemented by backends/factory.cc.  `excluded` is set (and OK returned)
 // when this process is not one of `opts.ranks`.
 Status CreateBackend(const BackendOptions& opts, std::unique_ptr<Backend>* out, bool* excluded);
@@ -150,6 +156,9 @@ struct BuildInfo {
   bool mpi = false;
   bool nccl = false;
   bool cuda = false;
+  // Which tool built the GPU device code, for which architectures ("" in a
+  // CPU build); cuda/device_kernels.h.
+  const char* device_code = "";
 };
 BuildInfo GetBuildInfo();
 

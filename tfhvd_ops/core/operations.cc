@@ -50,12 +50,16 @@ void Executor::Execute(const Response& r,
     const CollectiveParams& p = r.params;
     // Ranks agree on the memory kind; the GPU ordinal is each rank's own.
     int device = p.device;
+    bool mine = false;
     for (const auto& e : entries) {
       if (e) {
         device = e->params.device;
+        mine = true;
         break;
       }
     }
+    // A joined rank has no tensor here: it works on its own GPU.
+    if (!mine && device >= 0) device = kOwnDevice;
     Collectives* c = backend_->collectives(device);
     if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
       st = Status::FailedPrecondition(

@@ -1,0 +1,75 @@
+// Host side of tfhvd's CUDA kernels: the device code is compiled apart
+// (cuda/build_device_code.py: NVRTC of TensorFlow's CUDA by default) into
+// cubins for each architecture plus PTX of the newest one, embedded in the
+// library as data (a generated device_images.cc), and loaded at run time
+// with the driver API (cuModuleLoadData, cuLaunchKernel), as Triton and CuPy
+// do.  So the library needs no NVIDIA fatbinary tool and no nvcc to build,
+// and its device code comes from the CUDA that TensorFlow uses.
+//
+// libcuda is opened with dlopen: the library still loads on a machine
+// without a driver (CPU collectives keep working there).
+#ifndef TFHVD_CUDA_DEVICE_KERNELS_H_
+#define TFHVD_CUDA_DEVICE_KERNELS_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "../core/common.h"
+#include "gpu_kernels.h"
+
+namespace tfhvd {
+namespace cuda {
+
+// One embedded image: a cubin ("cubin", real code for sm_<arch>) or PTX
+// ("ptx", compute_<arch>, JIT-compiled by the driver; NUL-terminated).
+struct DeviceImage {
+  const char* kind;
+  int arch;
+  const unsigned char* data;
+  size_t size;
+};
+
+// Defined by the generated device_images.cc.
+extern const DeviceImage kDeviceImages[];
+extern const int kNumDeviceImages;
+// "NVRTC 12.5 (CUDA 12.5.82): cubin sm_80 sm_90, PTX compute_90": which tool
+// built the device code, for which architectures (check-build shows it).
+extern const char kDeviceCodeInfo[];
+
+// The kernels of one process on its GPU.  Owned by the NCCL collectives;
+// only their (background) thread uses it.
+class DeviceKernels {
+ public:
+  DeviceKernels();
+  ~DeviceKernels();  // unloads the module
+  DeviceKernels(const DeviceKernels&) = delete;
+  DeviceKernels& operator=(const DeviceKernels&) = delete;
+
+  // Loads the best image for `device` into its primary context: the cubin
+  // of its architecture, else a cubin of the same major version, else the
+  // PTX.  The calling thread's current device must be `device`.
+  Status Load(int device);
+  bool loaded() const { return function_ != nullptr; }
+  // Which image was loaded ("cubin sm_90"), for messages.
+  const std::string& image() const { return image_; }
+  int sm_count() const { return sm_count_; }
+
+  // One launch for the whole batch on `stream` (a cudaStream_t); the grid
+  // is sized from the SM count.
+  Status LaunchBatchedScaledCopy(const CopyBatch& batch, void* stream);
+
+ private:
+  struct Driver;
+  std::unique_ptr<Driver> driver_;
+  void* module_ = nullptr;
+  void* function_ = nullptr;
+  int device_ = -1;
+  int sm_count_ = 0;
+  std::string image_;
+};
+
+}  // namespace cuda
+}  // namespace tfhvd
+
+#endif  // TFHVD_CUDA_DEVICE_KERNELS_H_
