@@ -81,6 +81,14 @@ class Collectives {
   virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                             double factor) = 0;
   virtual Status Zero(void* dst, int64_t bytes) = 0;
+  // Allreduce, then recv[i] *= post (Average's 1/size, a postscale).  A
+  // transport that can fold the factor into the reduction (NCCL's PreMulSum)
+  // saves the separate pass over the output; the others run both steps.
+  virtual Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype,
+                                 ReduceOp op, double post) {
+    TFHVD_RETURN_IF_ERROR(Allreduce(send, recv, count, dtype, op));
+    return ScaledCopy(recv, recv, count, dtype, post);
+  }
 
   // Ordering for transports whose work is asynchronous (device streams).
   // Makes later work wait for `event` (a tensor's Tensor::ready_event).

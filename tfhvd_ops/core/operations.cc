@@ -129,12 +129,10 @@ Status Executor::Allreduce(const Response& r,
     void* out = e.output->mutable_data();
     if (p.prescale != 1.0) {
       TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
-      TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, out, n, p.dtype, op));
-    } else {
-      const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
-      TFHVD_RETURN_IF_ERROR(c->Allreduce(in, out, n, p.dtype, op));
+      return c->AllreduceScaled(nullptr, out, n, p.dtype, op, post);
     }
-    return c->ScaledCopy(out, out, n, p.dtype, post);
+    const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
+    return c->AllreduceScaled(in, out, n, p.dtype, op, post);
   }
   int64_t total = 0;
   for (int64_t n : r.sizes) total += n;

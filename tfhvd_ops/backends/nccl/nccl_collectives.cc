@@ -373,6 +373,34 @@ Status NcclCollectives::Allreduce(const void* send, void* recv, int64_t count, D
               "ncclAllReduce", comm_);
 }
 
+Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t count,
+                                        DataType dtype, ReduceOp op, double post) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
+  const bool flat = !(hierarchical_ && topo_.homogeneous && peers_.local && peers_.cross);
+  if (post != 1.0 && op == ReduceOp::kSum && flat &&
+      (dtype == DataType::kFloat32 || dtype == DataType::kFloat64)) {
+    ncclDataType_t t;
+    ncclRedOp_t o;
+    TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
+    TFHVD_RETURN_IF_ERROR(BeginCollective());
+    if (count == 0) return Status::OK();
+    // Sum(post * x_r) == post * Sum(x_r); the scalar is read at enqueue time,
+    // and the op may be destroyed as soon as the call returned.
+    float f32 = static_cast<float>(post);
+    double f64 = post;
+    void* scalar = dtype == DataType::kFloat32 ? static_cast<void*>(&f32) : &f64;
+    ncclRedOp_t premul;
+    TFHVD_RETURN_IF_ERROR(
+        Nccl(ncclRedOpCreatePreMulSum(&premul, scalar, t, ncclScalarHostImmediate, comm_),
+             "ncclRedOpCreatePreMulSum", comm_));
+    ncclResult_t r = ncclAllReduce(send ? send : recv, recv, count, t, premul, comm_, stream_);
+    ncclRedOpDestroy(premul, comm_);
+    return Nccl(r, "ncclAllReduce (PreMulSum)", comm_);
+  }
+#endif
+  return Collectives::AllreduceScaled(send, recv, count, dtype, op, post);
+}
+
 Status NcclCollectives::HierarchicalAllreduce(const void* send, void* recv, int64_t count,
                                               DataType dtype, ncclDataType_t t, ncclRedOp_t o) {
   if (local_comm_ == nullptr) {

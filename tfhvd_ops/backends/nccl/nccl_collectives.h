@@ -90,6 +90,10 @@ class NcclCollectives : public Collectives {
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
+  // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op
+  // (NCCL >= 2.11), no separate scaling pass.
+  Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                         double post) override;
   Status WaitFor(const ReadyEvent& event) override;
   Status Synchronize() override;
 
