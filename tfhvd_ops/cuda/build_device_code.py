@@ -24,6 +24,7 @@ import tempfile
 from typing import List, Tuple
 
 Image = Tuple[str, int, bytes]  # kind ("cubin" | "ptx"), arch, bytes
+KERNEL = "tfhvd_batched_scaled_copy"  # TFHVD_BATCHED_COPY_KERNEL (gpu_kernels.h)
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_kernels.h")
 
 
@@ -56,7 +57,8 @@ def _nvrtc(lib_path: str, source: str, includes: List[str], archs: List[int],
         lib.nvrtcGetProgramLog(prog, log)
         if r != 0:
             raise SystemExit("NVRTC failed for %s_%d: %s\n%s" % (
-                kind, arch, lib.nvrtcGetErrorString(r).decode(), log.value.decode(errors="replace")))
+                kind, arch, lib.nvrtcGetErrorString(r).decode(),
+                log.value.decode(errors="replace")))
         get_size, get = ((lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if kind == "cubin"
                          else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX))
         get_size(prog, ctypes.byref(n))
@@ -97,7 +99,7 @@ def _check(images: List[Image]) -> None:
     for kind, arch, data in images:
         if kind == "cubin" and (data[:4] != b"\x7fELF" or data[18:20] != b"\xbe\x00"):
             raise SystemExit("the compiler's sm_%d output is not a CUDA cubin" % arch)
-        if kind == "ptx" and b".entry tfhvd_batched_scaled_copy" not in data:
+        if kind == "ptx" and b".entry " + KERNEL.encode() not in data:
             raise SystemExit("the compiler's PTX lacks the kernel")
 
 
@@ -114,7 +116,16 @@ def render(images: List[Image], info: str) -> str:
     lines += ["}  // namespace", "", "const DeviceImage kDeviceImages[] = {"]
     for i, (kind, arch, _) in enumerate(images):
         lines.append('  {"%s", %d, kImage%d, sizeof(kImage%d)},' % (kind, arch, i, i))
-    lines += ["};", "const int kNumDeviceImages = %d;" % len(images),
+    # The kernel's parameter block as the device compiler laid it out must be
+    # the host's CopyBatch, byte for byte (cuLaunchKernel copies sizeof).
+    sizes = {int(m.group(1)) for kind, _, data in images if kind == "ptx"
+             for m in re.finditer(rb"\.param \.align \d+ \.b8 " +
+                                  KERNEL.encode() + rb"_param_0\[(\d+)\]", data)}
+    lines.append("};")
+    for size in sorted(sizes):
+        lines.append('static_assert(sizeof(CopyBatch) == %d, "the device code\'s kernel parameter '
+                     'is %d bytes: host and device disagree on CopyBatch");' % (size, size))
+    lines += ["const int kNumDeviceImages = %d;" % len(images),
               'const char kDeviceCodeInfo[] = "%s";' % info.replace('"', "'"), "",
               "}  // namespace cuda", "}  // namespace tfhvd", ""]
     return "\n".join(lines)
