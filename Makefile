@@ -125,6 +125,10 @@ GPU_COUNT := $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); echo $${n
 test-gpu-build: gpu-build
 	@echo "== GPU build checks (GPU machine: $(GPU_MACHINE))"
 	$(TIMEOUT) tests/gpu/check_device_code.sh $(PY) $(GPU_LIB) $(GPU_BUILD_DIR)/device-code-check
+	@# The copy/scale kernel's device code run on the host, against core/cpu_math.
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -o $(GPU_BUILD_DIR)/kernel_emulation_test \
+	  tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
+	set -o pipefail; $(TIMEOUT) $(GPU_BUILD_DIR)/kernel_emulation_test | tail -n 3
 	$(TIMEOUT) $(GPU_BUILD_DIR)/tfhvd_nccl_harness $(if $(filter 1,$(GPU_MACHINE)),--require-gpu,)
 	@# The GPU machine's script (MPI-free): exit 0 on a GPU machine; 3 (no GPU,
 	@# host checks passed) only where there is no GPU.

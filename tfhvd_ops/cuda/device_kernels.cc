@@ -112,7 +112,9 @@ Status DeviceKernels::Load(int device) {
   TFHVD_RETURN_IF_ERROR(driver_->Open());
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  }
   if (e == cudaSuccess) {
     e = cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device);
   }
@@ -159,19 +161,8 @@ Status DeviceKernels::LaunchBatchedScaledCopy(const CopyBatch& batch, void* stre
   if (function_ == nullptr) {
     return Status::Internal("tfhvd: internal error: CUDA kernels used before they were loaded");
   }
-  // Work units of 16 bytes (one vector per thread and step).
-  int64_t most = 0;
-  for (int i = 0; i < batch.n; ++i) {
-    most = std::max(most, batch.tasks[i].count * DataTypeSize(
-                                                     static_cast<DataType>(batch.tasks[i].dtype)));
-  }
-  if (most == 0) return Status::OK();
-  const int64_t units = (most + 15) / 16;
-  const int64_t needed = (units + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  // About 8 resident blocks of 256 threads per SM fill it; share them among
-  // the batch's rows.
-  const int64_t cap = std::max<int64_t>(1, int64_t{8} * std::max(sm_count_, 1) / batch.n);
-  const unsigned gx = static_cast<unsigned>(std::min(needed, cap));
+  const unsigned gx = BatchGridX(batch, sm_count_);
+  if (gx == 0) return Status::OK();  // nothing to copy
   void* params[] = {const_cast<CopyBatch*>(&batch)};
   Driver::Result r = driver_->launch_kernel(function_, gx, static_cast<unsigned>(batch.n), 1,
                                             kThreadsPerBlock, 1, 1, 0, stream, params, nullptr);

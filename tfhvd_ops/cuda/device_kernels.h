@@ -11,6 +11,7 @@
 #ifndef TFHVD_CUDA_DEVICE_KERNELS_H_
 #define TFHVD_CUDA_DEVICE_KERNELS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -20,6 +21,21 @@
 
 namespace tfhvd {
 namespace cuda {
+
+// The x blocks per task of a batch launch (the y dimension is the task):
+// enough for one 16-byte unit per thread for the largest task, at most
+// about 8 resident 256-thread blocks per SM shared among the tasks.
+inline unsigned BatchGridX(const CopyBatch& batch, int sm_count) {
+  int64_t most = 0;
+  for (int i = 0; i < batch.n; ++i) {
+    most = std::max(most, batch.tasks[i].count *
+                              DataTypeSize(static_cast<DataType>(batch.tasks[i].dtype)));
+  }
+  const int64_t units = (most + 15) / 16;
+  const int64_t needed = (units + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  const int64_t cap = std::max<int64_t>(1, int64_t{8} * std::max(sm_count, 1) / batch.n);
+  return static_cast<unsigned>(std::min(needed, cap));
+}
 
 // One embedded image: a cubin ("cubin", real code for sm_<arch>) or PTX
 // ("ptx", compute_<arch>, JIT-compiled by the driver; NUL-terminated).

@@ -9,11 +9,16 @@
 // (every fusion-buffer slot and TensorFlow allocation is), __restrict__
 // pointers when source and destination differ, and grids sized from the SM
 // count by the launcher.
+#if defined(TFHVD_KERNEL_EMULATION)
+// tests/gpu/kernel_emulation_test.cc runs this file on the host.
+#include "../../tests/gpu/kernel_emulation.h"
+#else
 #if !defined(__CUDACC_RTC__)
 #include <cuda_runtime.h>
 #endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#endif
 
 #include "gpu_kernels.h"
 
@@ -59,16 +64,33 @@ __device__ __forceinline__ long long Stride() {
   return static_cast<long long>(gridDim.x) * blockDim.x;
 }
 
-// A plain copy of `bytes` raw bytes: 16 bytes per thread and step where
-// aligned, then the tail byte by byte.
+// A plain copy of `bytes` raw bytes.  When source and destination share
+// their offset within 16 bytes (always for TensorFlow's buffers, and for the
+// fusion buffer's first tensor): head bytes up to the alignment, then 16
+// bytes per thread and step, then the tail.  Otherwise 4-byte words where
+// both allow it (a float32 tensor at an odd offset of the fusion buffer),
+// else bytes.
 __device__ void Copy(const Byte* __restrict__ s, Byte* __restrict__ d, long long bytes) {
-  long long done = 0;
-  if (Aligned16(s, d)) {
-    const long long nvec = bytes / 16;
-    const uint4* __restrict__ vs = reinterpret_cast<const uint4*>(s);
-    uint4* __restrict__ vd = reinterpret_cast<uint4*>(d);
+  const unsigned long long sa = reinterpret_cast<unsigned long long>(s);
+  const unsigned long long da = reinterpret_cast<unsigned long long>(d);
+  if ((sa & 15ull) == (da & 15ull)) {
+    long long head = static_cast<long long>((16ull - (sa & 15ull)) & 15ull);
+    if (head > bytes) head = bytes;
+    for (long long i = Tid(); i < head; i += Stride()) d[i] = s[i];
+    const long long nvec = (bytes - head) / 16;
+    const uint4* __restrict__ vs = reinterpret_cast<const uint4*>(s + head);
+    uint4* __restrict__ vd = reinterpret_cast<uint4*>(d + head);
     for (long long i = Tid(); i < nvec; i += Stride()) vd[i] = vs[i];
-    done = nvec * 16;
+    for (long long i = head + nvec * 16 + Tid(); i < bytes; i += Stride()) d[i] = s[i];
+    return;
+  }
+  long long done = 0;
+  if (((sa | da) & 3ull) == 0) {
+    const long long nw = bytes / 4;
+    const unsigned* __restrict__ ws = reinterpret_cast<const unsigned*>(s);
+    unsigned* __restrict__ wd = reinterpret_cast<unsigned*>(d);
+    for (long long i = Tid(); i < nw; i += Stride()) wd[i] = ws[i];
+    done = nw * 4;
   }
   for (long long i = done + Tid(); i < bytes; i += Stride()) d[i] = s[i];
 }

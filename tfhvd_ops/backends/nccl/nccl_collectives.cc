@@ -172,8 +172,8 @@ Status NcclCollectives::EnsureDevice() {
   // The highest priority, as Horovod gives its NCCL stream: a collective
   // that the other ranks wait for should not queue behind compute kernels.
   int lowest = 0, highest = 0;
-  TFHVD_RETURN_IF_ERROR(
-      Cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest), "cudaDeviceGetStreamPriorityRange"));
+  TFHVD_RETURN_IF_ERROR(Cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
+                             "cudaDeviceGetStreamPriorityRange"));
   TFHVD_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest),
                              "cudaStreamCreateWithPriority"));
   device_ = want;
@@ -241,7 +241,8 @@ Status NcclCollectives::WaitStream(const char* what) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+      start +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
   std::chrono::microseconds nap(20);
   while (true) {
     cudaError_t q = cudaStreamQuery(stream_);
