@@ -4,8 +4,9 @@
 // bit: every dtype, plain copies and scaling, in place, source and
 // destination at every element-aligned offset (the vector path, the head
 // peel, the 4-byte and byte fallbacks, the tails), batches, and grids small
-// enough that the grid-stride loops run many rounds.  No GPU needed; the
-// GPU runs the same code through tests/gpu/device_check.sh.
+// enough that the grid-stride loops run many rounds; and which embedded
+// image each GPU generation loads.  No GPU needed; the GPU runs the same
+// code through tests/gpu/device_check.sh.
 //   kernel_emulation_test          (make test-gpu-build builds and runs it)
 // Last line: "N passed, M failed".
 #define TFHVD_KERNEL_EMULATION 1
@@ -141,6 +142,27 @@ int main() {
     }
     Launch(b, 4);
     check("batch of 4 into a packed buffer", fused == want);
+  }
+  // Which embedded image a GPU loads (device_kernels.h ImageCandidates).
+  {
+    const unsigned char none[1] = {0};
+    const tfhvd::cuda::DeviceImage images[] = {
+        {"cubin", 80, none, 1}, {"cubin", 90, none, 1}, {"ptx", 90, none, 1}};
+    auto order = [&](int cc) {
+      std::string s;
+      for (const auto* im : tfhvd::cuda::ImageCandidates(images, 3, cc)) {
+        s += std::string(s.empty() ? "" : " ") + im->kind + std::to_string(im->arch);
+      }
+      return s;
+    };
+    const std::pair<int, const char*> want[] = {
+        {90, "cubin90 ptx90"}, {80, "cubin80"}, {86, "cubin80"}, {89, "cubin80"},
+        {100, "ptx90"}, {120, "ptx90"}, {75, ""}};
+    for (const auto& w : want) {
+      check("images for sm_" + std::to_string(w.first) + ": got '" + order(w.first) +
+                "', want '" + w.second + "'",
+            order(w.first) == w.second);
+    }
   }
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

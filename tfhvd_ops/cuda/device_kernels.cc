@@ -76,26 +76,6 @@ std::string Available() {
   return s;
 }
 
-// Images that can run on compute capability `cc` (major*10+minor), best
-// first: the exact cubin, a cubin of the same major and a lower minor, then
-// PTX (newest first) the driver can JIT-compile.
-std::vector<const DeviceImage*> Candidates(int cc) {
-  std::vector<const DeviceImage*> cubins, ptx;
-  for (int i = 0; i < kNumDeviceImages; ++i) {
-    const DeviceImage& im = kDeviceImages[i];
-    if (std::string(im.kind) == "cubin" && im.arch / 10 == cc / 10 && im.arch <= cc) {
-      cubins.push_back(&im);
-    } else if (std::string(im.kind) == "ptx" && im.arch <= cc) {
-      ptx.push_back(&im);
-    }
-  }
-  auto newest = [](const DeviceImage* a, const DeviceImage* b) { return a->arch > b->arch; };
-  std::sort(cubins.begin(), cubins.end(), newest);
-  std::sort(ptx.begin(), ptx.end(), newest);
-  cubins.insert(cubins.end(), ptx.begin(), ptx.end());
-  return cubins;
-}
-
 Status RuntimeError(cudaError_t e, const std::string& what, int device) {
   return Status::Internal("tfhvd: CUDA error on GPU " + std::to_string(device) + " in " + what +
                           ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
@@ -121,7 +101,7 @@ Status DeviceKernels::Load(int device) {
   if (e == cudaSuccess) e = cudaFree(nullptr);  // makes the primary context current
   if (e != cudaSuccess) return RuntimeError(e, "querying the GPU", device);
   const int cc = major * 10 + minor;
-  std::vector<const DeviceImage*> candidates = Candidates(cc);
+  std::vector<const DeviceImage*> candidates = ImageCandidates(kDeviceImages, kNumDeviceImages, cc);
   if (candidates.empty()) {
     return Status::Internal("tfhvd: GPU " + std::to_string(device) + " is sm_" +
                             std::to_string(cc) + " but this library's GPU code covers only " +

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../core/common.h"
 #include "gpu_kernels.h"
@@ -45,6 +46,25 @@ struct DeviceImage {
   const unsigned char* data;
   size_t size;
 };
+
+// Images of `images[0..n)` that can run on compute capability `cc`
+// (major*10+minor), best first: the exact cubin, a cubin of the same major
+// and a lower minor (binary compatible), then PTX of an arch <= cc, newest
+// first (the driver JIT-compiles it).
+inline std::vector<const DeviceImage*> ImageCandidates(const DeviceImage* images, int n, int cc) {
+  std::vector<const DeviceImage*> cubins, ptx;
+  for (int i = 0; i < n; ++i) {
+    const DeviceImage& im = images[i];
+    const bool cubin = std::string(im.kind) == "cubin";
+    if (cubin && im.arch / 10 == cc / 10 && im.arch <= cc) cubins.push_back(&im);
+    if (!cubin && im.arch <= cc) ptx.push_back(&im);
+  }
+  auto newest = [](const DeviceImage* a, const DeviceImage* b) { return a->arch > b->arch; };
+  std::sort(cubins.begin(), cubins.end(), newest);
+  std::sort(ptx.begin(), ptx.end(), newest);
+  cubins.insert(cubins.end(), ptx.begin(), ptx.end());
+  return cubins;
+}
 
 // Defined by the generated device_images.cc.
 extern const DeviceImage kDeviceImages[];
