@@ -398,6 +398,17 @@ Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t co
     ncclRedOpDestroy(premul, comm_);
     return Nccl(r, "ncclAllReduce (PreMulSum)", comm_);
   }
+  // 16-bit floats: an exact average is ncclAvg (NCCL >= 2.10).
+  if (post == 1.0 / topo_.size && op == ReduceOp::kSum && flat &&
+      (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16)) {
+    ncclDataType_t t;
+    ncclRedOp_t o;
+    TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
+    TFHVD_RETURN_IF_ERROR(BeginCollective());
+    if (count == 0) return Status::OK();
+    return Nccl(ncclAllReduce(send ? send : recv, recv, count, t, ncclAvg, comm_, stream_),
+                "ncclAllReduce (ncclAvg)", comm_);
+  }
 #endif
   return Collectives::AllreduceScaled(send, recv, count, dtype, op, post);
 }

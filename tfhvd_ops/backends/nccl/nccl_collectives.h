@@ -91,7 +91,8 @@ class NcclCollectives : public Collectives {
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
   // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op
-  // (NCCL >= 2.11), no separate scaling pass.
+  // (NCCL >= 2.11); float16/bfloat16 averages: ncclAvg.  No separate
+  // scaling pass.  Integers keep Horovod's truncating scale pass.
   Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                          double post) override;
   Status WaitFor(const ReadyEvent& event) override;
