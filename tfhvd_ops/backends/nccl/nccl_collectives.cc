@@ -378,36 +378,35 @@ Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t co
                                         DataType dtype, ReduceOp op, double post) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
   const bool flat = !(hierarchical_ && topo_.homogeneous && peers_.local && peers_.cross);
-  if (post != 1.0 && op == ReduceOp::kSum && flat &&
-      (dtype == DataType::kFloat32 || dtype == DataType::kFloat64)) {
+  const bool wide = dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  // float32/float64: PreMulSum, Sum(post * x_r) == post * Sum(x_r); 16-bit
+  // floats: only an exact average, as ncclAvg.
+  const bool premul = wide && post != 1.0;
+  const bool average = half && post == 1.0 / topo_.size;
+  if (flat && op == ReduceOp::kSum && (premul || average)) {
     ncclDataType_t t;
     ncclRedOp_t o;
     TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
     TFHVD_RETURN_IF_ERROR(BeginCollective());
     if (count == 0) return Status::OK();
-    // Sum(post * x_r) == post * Sum(x_r); the scalar is read at enqueue time,
-    // and the op may be destroyed as soon as the call returned.
+    const void* in = send ? send : recv;
+    if (average) {
+      return Nccl(ncclAllReduce(in, recv, count, t, ncclAvg, comm_, stream_),
+                  "ncclAllReduce (ncclAvg)", comm_);
+    }
+    // The scalar is read at enqueue time, and the op may be destroyed as
+    // soon as the call returned.
     float f32 = static_cast<float>(post);
     double f64 = post;
     void* scalar = dtype == DataType::kFloat32 ? static_cast<void*>(&f32) : &f64;
-    ncclRedOp_t premul;
+    ncclRedOp_t premul_op;
     TFHVD_RETURN_IF_ERROR(
-        Nccl(ncclRedOpCreatePreMulSum(&premul, scalar, t, ncclScalarHostImmediate, comm_),
+        Nccl(ncclRedOpCreatePreMulSum(&premul_op, scalar, t, ncclScalarHostImmediate, comm_),
              "ncclRedOpCreatePreMulSum", comm_));
-    ncclResult_t r = ncclAllReduce(send ? send : recv, recv, count, t, premul, comm_, stream_);
-    ncclRedOpDestroy(premul, comm_);
+    ncclResult_t r = ncclAllReduce(in, recv, count, t, premul_op, comm_, stream_);
+    ncclRedOpDestroy(premul_op, comm_);
     return Nccl(r, "ncclAllReduce (PreMulSum)", comm_);
-  }
-  // 16-bit floats: an exact average is ncclAvg (NCCL >= 2.10).
-  if (post == 1.0 / topo_.size && op == ReduceOp::kSum && flat &&
-      (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16)) {
-    ncclDataType_t t;
-    ncclRedOp_t o;
-    TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
-    TFHVD_RETURN_IF_ERROR(BeginCollective());
-    if (count == 0) return Status::OK();
-    return Nccl(ncclAllReduce(send ? send : recv, recv, count, t, ncclAvg, comm_, stream_),
-                "ncclAllReduce (ncclAvg)", comm_);
   }
 #endif
   return Collectives::AllreduceScaled(send, recv, count, dtype, op, post);
