@@ -29,20 +29,22 @@ TIMEOUT := timeout --signal=KILL 900
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
-# CPU library above stays as it is.  Its CUDA runtime and NCCL wheels go to
-# GPU_DEPS (pip --target), found through PYTHONPATH like an installed
-# tensorflow[and-cuda] would be.  A machine without a CUDA 12 nvcc (this one
-# has CUDA 13's) compiles the .cu files with the nvcc it has, as a
-# compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); set TFHVD_CUDA_HOME to
-# a CUDA 12 toolkit for a library to run.
+# CPU library above stays as it is.  Its CUDA 12 runtime, NVRTC and NCCL
+# wheels go to GPU_DEPS (pip --target), found through PYTHONPATH like an
+# installed tensorflow[and-cuda] would be.  The device code is compiled by
+# CUDA 12.5's NVRTC into sm_80/sm_90 cubins plus PTX, embedded in the library
+# and loaded with the driver API, so this is a CUDA 12 library that could
+# ship, built without any nvcc.  TFHVD_CUDA_HOME=<CUDA 12 toolkit> uses that
+# toolkit's nvcc instead; TFHVD_CUDA_COMPILE_CHECK=1 (the named fallback)
+# accepts the CUDA 13 nvcc of this machine, for a compile check only.
 GPU_BUILD_DIR ?= build-gpu
 GPU_DEPS := $(VENV)/gpu-deps
 GPU_DEPS_STAMP := $(GPU_DEPS)/.tfhvd-gpu-deps
 GPU_LIB := $(GPU_BUILD_DIR)/lib/tfhvd/tfhvd_ops.so
 GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_OPERATIONS=NCCL \
-	TFHVD_CUDA_COMPILE_CHECK=$${TFHVD_CUDA_COMPILE_CHECK:-1} TFHVD_BUILD_DIR=$(abspath $(GPU_BUILD_DIR))
+	TFHVD_CUDA_COMPILE_CHECK=$${TFHVD_CUDA_COMPILE_CHECK:-0} TFHVD_BUILD_DIR=$(abspath $(GPU_BUILD_DIR))
 GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
-	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py')
+	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py' -o -name 'build_device_code.py')
 
 setup: mpi $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
@@ -126,19 +128,34 @@ $(GPU_LIB): $(GPU_SOURCES) $(NATIVE_SOURCES) setup.py $(GPU_DEPS_STAMP) docker/b
 	$(GPU_ENV) TFHVD_INSTALL=0 TFHVD_LIB_DIR=$(abspath $(GPU_BUILD_DIR))/lib docker/build_tfhvd.sh
 	@touch $@
 
-# On a CPU machine: the GPU library loads, reports NCCL, registers GPU
-# kernels and still runs CPU collectives; the harness and tests/gpu say why
-# they skip.  On a GPU machine the same commands run the GPU checks.
+# On a CPU machine: the GPU library's device code is CUDA 12 with sm_80 and
+# sm_90 cubins (read from its bytes); it loads, reports NCCL, registers GPU
+# kernels and still runs CPU collectives; the device check builds the
+# TF-free harness and runs its host-tensor checks over 1 and 2 processes.
+# On a GPU machine (nvidia-smi works or /dev/nvidiactl exists) the same
+# commands run the GPU checks, and "no GPU" is a failure there, not a pass.
+GPU_MACHINE := $(shell (nvidia-smi -L >/dev/null 2>&1 || test -e /dev/nvidiactl) && echo 1 || echo 0)
+GPU_COUNT := $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); echo $${n:-0})
 test-gpu-build: gpu-build
-	@echo "== GPU build checks"
-	$(TIMEOUT) $(GPU_BUILD_DIR)/tfhvd_nccl_harness
-	@# The GPU machine's script, MPI-free variant: builds, then exits 3 (no GPU here).
-	rc=0; PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_HARNESS_LOOPBACK=1 $(TIMEOUT) \
-	  tests/gpu/device_check.sh >$(GPU_BUILD_DIR)/device_check.out 2>&1 || rc=$$?; \
-	  tail -n 4 $(GPU_BUILD_DIR)/device_check.out; test $$rc = 3
+	@echo "== GPU build checks (GPU machine: $(GPU_MACHINE))"
+	$(TIMEOUT) tests/gpu/check_device_code.sh $(PY) $(GPU_LIB) $(GPU_BUILD_DIR)/device-code-check
+	@# The copy/scale kernel's device code run on the host, against core/cpu_math.
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -o $(GPU_BUILD_DIR)/kernel_emulation_test \
+	  tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
+	set -o pipefail; $(TIMEOUT) $(GPU_BUILD_DIR)/kernel_emulation_test | tail -n 3
+	$(TIMEOUT) $(GPU_BUILD_DIR)/tfhvd_nccl_harness $(if $(filter 1,$(GPU_MACHINE)),--require-gpu,)
+	@# The GPU machine's script (MPI-free): exit 0 on a GPU machine; 3 (no GPU,
+	@# host checks passed) only where there is no GPU.
+	rc=0; PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_DEVICE_BUILD=$(abspath $(GPU_BUILD_DIR))/device \
+	  $(TIMEOUT) tests/gpu/device_check.sh >$(GPU_BUILD_DIR)/device_check.out 2>&1 || rc=$$?; \
+	  tail -n 4 $(GPU_BUILD_DIR)/device_check.out; \
+	  if [ "$(GPU_MACHINE)" = 1 ]; then test $$rc = 0; else test $$rc = 3; fi
 	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib PYTHON=$(abspath $(PY)) $(TIMEOUT) docker/check_image.sh
 	@# -P: the source tree's tfhvd/ (CPU library) must not shadow the GPU build.
-	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 \
+	@# One rank per GPU on a GPU machine (NCCL refuses two ranks on one GPU),
+	@# two ranks elsewhere (the GPU library's CPU collectives).
+	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(TIMEOUT) $(MPIRUN) \
+	  -np $(if $(filter 1,$(GPU_MACHINE)),$(if $(filter 0,$(GPU_COUNT)),1,$(GPU_COUNT)),2) \
 	  tests/parallel/run_rank.sh $(PY) -P -m pytest -q -rs --color=no -p no:cacheprovider \
 	  tests/gpu tests/parallel/test_collectives.py -k "gpu or test_allreduce"
 

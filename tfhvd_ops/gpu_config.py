@@ -10,19 +10,34 @@ Build variables (each also accepted under its HOROVOD_* name):
                               ALLTOALL, REDUCESCATTER); a per-op value wins
   TFHVD_NCCL_HOME             NCCL install with include/ and lib/
   TFHVD_NCCL_INCLUDE, TFHVD_NCCL_LIB  override the two folders
-  TFHVD_CUDA_HOME             CUDA toolkit (bin/nvcc, include/, lib64/)
-  TFHVD_CUDA_ARCHS            GPU architectures for nvcc (default "80;90")
-  TFHVD_CUDA_COMPILE_CHECK=1  accept an nvcc whose major version differs from
-                              TensorFlow's CUDA: a compile-and-link check only
+  TFHVD_CUDA_HOME             a real CUDA toolkit (bin/nvcc, include/, lib64/) of
+                              TensorFlow's CUDA major version: its nvcc compiles
+                              the device code
+  TFHVD_DEVICE_COMPILER       nvrtc or nvcc: force one route (default: see below)
+  TFHVD_CUDA_ARCHS            GPU architectures of the device code (default "80;90")
+  TFHVD_CUDA_COMPILE_CHECK=1  the explicitly named fallback: accept an nvcc whose
+                              major version differs from TensorFlow's CUDA (e.g.
+                              CUDA 13 for TensorFlow's CUDA 12).  A compile-and-link
+                              check only: its device code needs that CUDA's driver.
 
 Where NCCL is looked for, in order: the variables above, the nvidia-nccl-cu12
 wheel (``import nvidia.nccl``, installed by ``tensorflow[and-cuda]``), then
-/usr and /usr/local/nccl.  CUDA: TFHVD_CUDA_HOME (or CUDA_HOME), the standard
-/usr/local/cuda-<TF's major>*, /usr/local/cuda and nvcc on PATH, and a pip
-wheel that ships bin/nvcc.  Without a CUDA toolkit's headers, TensorFlow's
-own CUDA headers are used, and libcudart comes from the
-nvidia-cuda-runtime-cu12 wheel.  (NVIDIA's nvidia-cuda-nvcc-cu12 wheels hold
-only ptxas and libnvvm, not nvcc, so they cannot compile .cu files.)
+/usr and /usr/local/nccl.
+
+The device code (cuda/gpu_kernels.cu) is compiled apart into a cubin per
+architecture plus PTX, embedded as data and loaded with the driver API
+(cuda/build_device_code.py, cuda/device_kernels.h).  Its compiler, in order:
+TFHVD_CUDA_HOME's nvcc (or HOROVOD_CUDA_HOME, CUDA_HOME, CUDA_PATH) when its
+major version is TensorFlow's; NVRTC from the nvidia-cuda-nvrtc-cu12 wheel of
+TensorFlow's CUDA (``tensorflow[and-cuda]`` installs it; with the headers of
+nvidia-cuda-runtime-cu12), the default on a machine without a CUDA 12
+toolkit; an nvcc of TensorFlow's major in /usr/local/cuda-<major>*,
+/usr/local/cuda or on PATH; and only with TFHVD_CUDA_COMPILE_CHECK=1 an nvcc
+of another major.  (No CUDA 12 nvcc is on PyPI or Debian; the
+nvidia-cuda-nvcc-cu12 wheels hold only ptxas and libnvvm.)  The C++ files
+use the toolkit's headers when its version matches, else TensorFlow's
+bundled CUDA headers; libcudart comes from the nvidia-cuda-runtime-cu12
+wheel.
 
 Run as a script: ``python gpu_config.py --cmake`` prints the CMake arguments
 for a TensorFlow-free build, one per line.
@@ -121,8 +136,10 @@ def _first(paths: List[str]) -> Optional[str]:
 @dataclass
 class GpuConfig:
     ops: List[str]
-    nvcc: str
-    nvcc_major: Optional[int]
+    device_compiler: str      # "nvrtc" or "nvcc"
+    device_tool: str          # libnvrtc.so.N or bin/nvcc
+    cuda_major: Optional[int]
+    device_include: List[str]
     cuda_include: List[str]
     cudart: str
     nccl_include: str
@@ -131,12 +148,16 @@ class GpuConfig:
     archs: str
     compile_check_only: bool = False
     notes: List[str] = field(default_factory=list)
+    python: str = sys.executable
 
     def cmake_args(self) -> List[str]:
         return [
             "-DTFHVD_WITH_NCCL=ON",
             "-DTFHVD_GPU_OPS=" + ";".join(self.ops),
-            "-DTFHVD_NVCC=" + self.nvcc,
+            "-DTFHVD_DEVICE_COMPILER=" + self.device_compiler,
+            "-DTFHVD_DEVICE_TOOL=" + self.device_tool,
+            "-DTFHVD_DEVICE_INCLUDE=" + ";".join(self.device_include),
+            "-DTFHVD_PYTHON=" + self.python,
             "-DTFHVD_CUDA_INCLUDE=" + ";".join(self.cuda_include),
             "-DTFHVD_CUDART_LIB=" + self.cudart,
             "-DTFHVD_NCCL_INCLUDE=" + self.nccl_include,
@@ -146,9 +167,9 @@ class GpuConfig:
 
     def summary(self) -> str:
         lines = ["tfhvd GPU build: GPU kernels for %s" % ", ".join(o.lower() for o in self.ops),
-                 "  nvcc:  %s (CUDA %s)%s" % (self.nvcc, self.nvcc_major,
-                                              "  [compile check only]"
-                                              if self.compile_check_only else ""),
+                 "  device code: %s %s (CUDA %s)%s" % (
+                     self.device_compiler, self.device_tool, self.cuda_major,
+                     "  [compile check only]" if self.compile_check_only else ""),
                  "  CUDA headers: %s" % " ".join(self.cuda_include),
                  "  libcudart:    %s" % self.cudart,
                  "  NCCL %s: %s, %s" % (self.nccl_version, self.nccl_include, self.nccl_lib),
@@ -212,68 +233,110 @@ def find_nccl(env: Mapping[str, str], find_spec: Callable = importlib.util.find_
     return {"include": inc, "lib": lib, "version": version}
 
 
+def _find_nvrtc(tf_cuda_major: Optional[int], find_spec: Callable) -> Optional[Dict[str, object]]:
+    """NVRTC from the nvidia-cuda-nvrtc-cu<major> wheel, with the CUDA
+    headers of the nvidia-cuda-runtime wheel, or None."""
+    for d in _wheel_dirs("nvidia.cuda_nvrtc", find_spec):
+        for lib in sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so.*"))):
+            m = re.fullmatch(r"libnvrtc\.so\.(\d+)", os.path.basename(lib))
+            if not m or (tf_cuda_major is not None and int(m.group(1)) != tf_cuda_major):
+                continue
+            headers = [os.path.join(r, "include") for r in _wheel_dirs("nvidia.cuda_runtime",
+                                                                         find_spec)
+                       if os.path.exists(os.path.join(r, "include", "cuda_fp16.h"))]
+            if headers:
+                return {"tool": lib, "major": int(m.group(1)), "include": headers[:1]}
+    return None
+
+
 def find_cuda(env: Mapping[str, str], tf_cuda_major: Optional[int],
               tf_include: Optional[str], find_spec: Callable = importlib.util.find_spec,
               which: Callable = shutil.which, version_of: Callable = _version_major,
               standard=("/usr/local/cuda-{major}*", "/usr/local/cuda", "/opt/cuda"),
               ) -> Dict[str, object]:
-    """``{"nvcc", "major", "include": [...], "cudart", "check_only", "notes"}``."""
+    """``{"compiler", "tool", "major", "device_include", "include", "cudart",
+    "check_only", "notes"}``: what compiles the device code, and the CUDA
+    headers and runtime of the C++ files."""
     check_only = (_get(env, "CUDA_COMPILE_CHECK") or "0").lower() in ("1", "true", "yes", "on")
-    homes = []  # (root, what)
+    forced = (_get(env, "DEVICE_COMPILER") or "").lower()
+    if forced not in ("", "nvrtc", "nvcc"):
+        raise GpuConfigError("tfhvd: %s=%s: expected nvrtc or nvcc"
+                             % (_var(env, "DEVICE_COMPILER"), forced))
+    explicit, found = [], []  # (root, what)
     for name in ("TFHVD_CUDA_HOME", "HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
         if env.get(name):
-            homes.append((env[name], name))
+            explicit.append((env[name], name))
     for pattern in standard:
         for root in sorted(glob.glob(pattern.format(major=tf_cuda_major or "")), reverse=True):
-            homes.append((root, "a standard location"))
+            found.append((root, "a standard location"))
     on_path = which("nvcc")
     if on_path:
-        homes.append((os.path.dirname(os.path.dirname(os.path.realpath(on_path))), "PATH"))
+        found.append((os.path.dirname(os.path.dirname(os.path.realpath(on_path))), "PATH"))
     for module in ("nvidia.cuda_nvcc", "nvidia.cu12", "nvidia.cu13"):
         for d in _wheel_dirs(module, find_spec):
-            homes.append((d, "the %s wheel" % module))
+            found.append((d, "the %s wheel" % module))
     looked, mismatched = [], []
-    chosen = None
-    for root, what in homes:
-        nvcc = os.path.join(root, "bin", "nvcc")
-        looked.append("%s (%s)" % (nvcc, what))
-        if not os.path.exists(nvcc):
-            if what in ("TFHVD_CUDA_HOME", "HOROVOD_CUDA_HOME"):
-                raise GpuConfigError("tfhvd: %s=%s has no bin/nvcc; point it at a CUDA %s"
-                                     "toolkit" % (what, root, "%s " % tf_cuda_major
-                                                  if tf_cuda_major else ""))
-            continue
-        major = version_of(nvcc)
-        if tf_cuda_major is not None and major != tf_cuda_major:
-            mismatched.append((root, nvcc, major))
-            continue
-        chosen = (root, nvcc, major, False)
-        break
+
+    def nvcc_of(homes) -> Optional[tuple]:
+        for root, what in homes:
+            nvcc = os.path.join(root, "bin", "nvcc")
+            looked.append("%s (%s)" % (nvcc, what))
+            if not os.path.exists(nvcc):
+                if what in ("TFHVD_CUDA_HOME", "HOROVOD_CUDA_HOME"):
+                    raise GpuConfigError("tfhvd: %s=%s has no bin/nvcc; point it at a CUDA %s"
+                                         "toolkit" % (what, root, "%s " % tf_cuda_major
+                                                      if tf_cuda_major else ""))
+                continue
+            major = version_of(nvcc)
+            if tf_cuda_major is not None and major != tf_cuda_major:
+                mismatched.append((root, nvcc, major))
+                continue
+            return root, nvcc, major
+        return None
+
     notes = []
-    if chosen is None and mismatched and check_only:
+    chosen = None  # (compiler, tool, major, toolkit root or None, mismatch)
+    toolkit = nvcc_of(explicit) if forced != "nvrtc" else None
+    if toolkit:
+        chosen = ("nvcc", toolkit[1], toolkit[2], toolkit[0], False)
+    nvrtc = _find_nvrtc(tf_cuda_major, find_spec) if forced != "nvcc" and not chosen else None
+    looked.append("libnvrtc.so.%s (the nvidia-cuda-nvrtc-cu%s wheel)"
+                  % (tf_cuda_major or "N", tf_cuda_major or "N"))
+    if nvrtc:
+        chosen = ("nvrtc", nvrtc["tool"], nvrtc["major"], None, False)
+    if chosen is None and forced != "nvrtc":
+        toolkit = nvcc_of(found)
+        if toolkit:
+            chosen = ("nvcc", toolkit[1], toolkit[2], toolkit[0], False)
+    if chosen is None and mismatched and check_only and forced != "nvrtc":
         root, nvcc, major = mismatched[0]
-        chosen = (root, nvcc, major, True)
-        notes.append("nvcc is CUDA %s but TensorFlow was built with CUDA %s: the .cu files are "
-                     "compiled for a compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); their "
-                     "kernels need a driver for CUDA %s" % (major, tf_cuda_major, major))
+        chosen = ("nvcc", nvcc, major, root, True)
+        notes.append("nvcc is CUDA %s but TensorFlow was built with CUDA %s: the device code is "
+                     "compiled for a compile-and-link check (TFHVD_CUDA_COMPILE_CHECK=1); it "
+                     "needs a driver for CUDA %s and is not a library to ship"
+                     % (major, tf_cuda_major, major))
     if chosen is None:
         why = ""
         if mismatched:
-            why = ("\nFound nvcc of another CUDA major version than TensorFlow's CUDA %s: %s." %
+            why = ("\nFound nvcc of another CUDA major version than TensorFlow's CUDA %s: %s "
+                   "(TFHVD_CUDA_COMPILE_CHECK=1 accepts it for a compile check only)." %
                    (tf_cuda_major, ", ".join("%s (CUDA %s)" % (n, m) for _, n, m in mismatched)))
         raise GpuConfigError(
             "tfhvd: a GPU build was asked for (TFHVD_GPU_OPERATIONS=NCCL) but no CUDA %scompiler "
-            "(nvcc) was found.\nLooked for: %s.%s\nSet TFHVD_CUDA_HOME to a CUDA %stoolkit "
-            "(the nvidia/cuda:*-devel images have one in /usr/local/cuda). The "
-            "nvidia-cuda-nvcc-cu12 wheel does not help: it ships ptxas but no nvcc."
+            "for the device code was found.\nLooked for: %s.%s\nInstall NVRTC and the CUDA "
+            "headers from PyPI: `pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12` "
+            "(tensorflow[and-cuda] does; `make gpu-deps` too), or set TFHVD_CUDA_HOME to a CUDA "
+            "%stoolkit (the nvidia/cuda:*-devel images have one in /usr/local/cuda). The "
+            "nvidia-cuda-nvcc-cu12 wheel alone does not help: it ships ptxas but no nvcc."
             % ("%s " % tf_cuda_major if tf_cuda_major else "", "; ".join(looked), why,
                "%s " % tf_cuda_major if tf_cuda_major else ""))
-    root, nvcc, major, mismatch = chosen
+    compiler, tool, major, root, mismatch = chosen
     # Headers and libcudart for the C++ files must match the CUDA runtime
     # TensorFlow loads: the toolkit's own when its version matches, else
     # TensorFlow's bundled headers and the nvidia-cuda-runtime wheel.
     include, cudart = [], None
-    if not mismatch and os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+    if root and not mismatch and os.path.exists(os.path.join(root, "include",
+                                                             "cuda_runtime_api.h")):
         include = [os.path.join(root, "include")]
         if os.path.isdir(os.path.join(root, "include", "cccl")):
             include.append(os.path.join(root, "include", "cccl"))
@@ -293,13 +356,15 @@ def find_cuda(env: Mapping[str, str], tf_cuda_major: Optional[int],
                 break
     if not include or cudart is None:
         raise GpuConfigError(
-            "tfhvd: found nvcc at %s but not the CUDA %s runtime (%s).\nLooked in %s/include and "
-            "lib64, TensorFlow's include folder and the nvidia-cuda-runtime-cu12 wheel.\n"
+            "tfhvd: found the device compiler %s but not the CUDA %s runtime (%s).\nLooked in "
+            "%s, TensorFlow's include folder and the nvidia-cuda-runtime-cu12 wheel.\n"
             "Install it with `pip install nvidia-cuda-runtime-cu12` (tensorflow[and-cuda] does), "
             "or set TFHVD_CUDA_HOME to a complete CUDA toolkit."
-            % (nvcc, tf_cuda_major or "", "headers" if not include else "libcudart", root))
-    return {"nvcc": nvcc, "major": major, "include": include, "cudart": cudart,
-            "check_only": mismatch, "notes": notes}
+            % (tool, tf_cuda_major or "", "headers" if not include else "libcudart",
+               root or "the toolkit"))
+    device_include = nvrtc["include"] if compiler == "nvrtc" else []
+    return {"compiler": compiler, "tool": tool, "major": major, "device_include": device_include,
+            "include": include, "cudart": cudart, "check_only": mismatch, "notes": notes}
 
 
 def configure(env: Mapping[str, str], tf_cuda_version: Optional[str] = None,
@@ -315,7 +380,8 @@ def configure(env: Mapping[str, str], tf_cuda_version: Optional[str] = None,
     if not re.fullmatch(r"\d+a?(;\d+a?)*", archs):
         raise GpuConfigError("tfhvd: %s=%s: expected architectures like 80;90"
                              % (_var(env, "CUDA_ARCHS"), archs))
-    return GpuConfig(ops=ops, nvcc=cuda["nvcc"], nvcc_major=cuda["major"],
+    return GpuConfig(ops=ops, device_compiler=cuda["compiler"], device_tool=cuda["tool"],
+                     cuda_major=cuda["major"], device_include=cuda["device_include"],
                      cuda_include=cuda["include"], cudart=cuda["cudart"],
                      nccl_include=nccl["include"], nccl_lib=nccl["lib"],
                      nccl_version=nccl["version"], archs=archs,

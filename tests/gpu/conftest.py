@@ -1,5 +1,10 @@
 """GPU tests: run when TensorFlow sees a GPU and the library was built with
-NCCL (``make gpu-build``), otherwise every test is skipped with the reason.
+NCCL (``make gpu-build``).
+
+On a machine without a GPU every test is skipped with the reason.  On a
+machine with one (``nvidia-smi -L`` works or /dev/nvidiactl exists) they
+FAIL instead when TensorFlow sees no GPU or the library lacks NCCL: a broken
+GPU path must not pass as "skipped".
 
 One process: ``pytest tests/gpu``.  Several, one GPU each:
 ``mpirun -np <GPUs> tests/parallel/run_rank.sh python -m pytest tests/gpu``
@@ -7,20 +12,37 @@ One process: ``pytest tests/gpu``.  Several, one GPU each:
 """
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
 
-def _skip_reason():
+def gpu_machine() -> bool:
+    """Whether this machine has an NVIDIA GPU and driver, asked of the
+    driver rather than of TensorFlow."""
+    if os.path.exists("/dev/nvidiactl"):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+def _problem() -> str:
     import tensorflow as tf
 
     import tfhvd.tensorflow as hvd
 
     reasons = []
     if not tf.config.list_physical_devices("GPU"):
-        driver = os.path.exists("/dev/nvidiactl")
         reasons.append("TensorFlow sees no GPU (%s)" % (
-            "a driver is present: is this TensorFlow built with CUDA?" if driver
+            "a driver is present: is this TensorFlow built with CUDA, are its CUDA wheels "
+            "installed (tensorflow[and-cuda])?" if GPU_MACHINE
             else "no NVIDIA driver on this machine"))
     if not hvd.nccl_built():
         reasons.append("this tfhvd library was built without NCCL (rebuild with "
@@ -28,13 +50,14 @@ def _skip_reason():
     return "; ".join(reasons)
 
 
-SKIP_REASON = _skip_reason()
+GPU_MACHINE = gpu_machine()
+PROBLEM = _problem()
 
 
 def pytest_collection_modifyitems(config, items):
-    if not SKIP_REASON:
+    if not PROBLEM or GPU_MACHINE:
         return
-    marker = pytest.mark.skip(reason="GPU tests skipped: " + SKIP_REASON)
+    marker = pytest.mark.skip(reason="GPU tests skipped: " + PROBLEM)
     for item in items:
         if "tests/gpu" in str(item.fspath):
             item.add_marker(marker)
@@ -42,8 +65,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def hvd_gpu():
-    """Initialises tfhvd and pins this process to the GPU of its local rank."""
-    if SKIP_REASON:
+    """Initialises tfhvd and pins this process to the GPU of its local rank;
+    fails every test on a GPU machine whose GPU path is broken."""
+    if PROBLEM:
+        if GPU_MACHINE:
+            pytest.fail("this machine has a GPU, but the GPU path cannot run: " + PROBLEM,
+                        pytrace=False)
         yield None
         return
     import tensorflow as tf

@@ -1,111 +1,192 @@
 #!/usr/bin/env bash
-# Builds and runs tfhvd's TensorFlow-free NCCL checks on a GPU machine.
+# Builds and runs tfhvd's TensorFlow-free NCCL checks on a GPU machine: one
+# rank, then two ranks sharing the one GPU.
 #
 #   bash tests/gpu/device_check.sh            # from the repository root
 #
-# Needs: a GPU with its driver, a CUDA toolkit (nvcc; any major version: the
-# harness needs no TensorFlow, so CUDA 13 with an NCCL for CUDA 13 is fine),
-# NCCL (TFHVD_NCCL_HOME, the nvidia-nccl wheel or /usr), g++ and python3.
-# MPI is optional: with mpicxx the harness uses the real MPI backend (and
-# mpirun, one process per GPU); without it, a one-process loopback backend.
-# No CMake, no network, no TensorFlow; finishes within 10 minutes and writes
-# only a few MiB (the build folder and the log).
+# Needs only: python3, g++, a CUDA toolkit's nvcc (any major version: the
+# harness needs no TensorFlow, so CUDA 13 with NCCL's cu13 wheel is fine) and
+# NCCL (TFHVD_NCCL_HOME, the nvidia-nccl-cu* wheel, or /usr).  No MPI, no
+# TensorFlow, no network: ranks are processes started here, with rank, size
+# and rank 0's address in their environment (tests/gpu/socket_backend.cc);
+# negotiation runs over tfhvd's TCP control channel on loopback.
 #
-# What it checks: every collective on device tensors through the real
-# runtime (negotiation, fusion buffer, batched copy/scale kernels, ready
-# events, NCCL), flat and hierarchical allreduce, clear errors; then the
-# allreduce bandwidth table, tfhvd against the raw ncclAllReduce.
+# Two ranks on one GPU: NCCL refuses two ranks of one communicator on one GPU
+# of one host ("Duplicate GPU detected"), so each rank gets its own
+# NCCL_HOSTID (two "hosts"), with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 over
+# loopback sockets; tfhvd's topology makes each rank its own node as well.
+#
+# What it checks: every collective on device tensors through the real runtime
+# (negotiation, fusion buffer, the embedded copy/scale kernels loaded with the
+# driver API, ready events, NCCL): uneven allgather, alltoall with real
+# splits, reducescatter, broadcast from both roots, flat and hierarchical
+# allreduce, the mixed CPU/GPU error; then the tables: allreduce against the
+# raw ncclAllReduce at 2 ranks, copy/scale kernels against cudaMemcpy at 1.
+#
 # Output: the log in $OUT (when set, e.g. by a device runner) or the build
-# folder; the last line of the checks is "N passed, N failed".
-set -euo pipefail
+# folder; the last line is "N passed, M failed" (checks counted per rank).
+# Exit: 0 all passed; 1 a failure; 2 cannot configure or build; 3 no GPU on
+# this machine (everything was built, nothing could run).  Each run has a
+# time limit (TFHVD_DEVICE_RUN_TIMEOUT, 120 s); the whole check stays within
+# 8 minutes on a one-GPU H200.
+set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${TFHVD_DEVICE_BUILD:-$ROOT/build-device}"
 OUTDIR="${OUT:-$BUILD}"
 LOG="$OUTDIR/device_check.log"
 ITERS="${TFHVD_BENCH_ITERS:-20}"
+RUN_TIMEOUT="${TFHVD_DEVICE_RUN_TIMEOUT:-120}"
 mkdir -p "$BUILD/obj" "$OUTDIR"
 : >"$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
-run() { "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+export TFHVD_NCCL_TIMEOUT="${TFHVD_NCCL_TIMEOUT:-60}"
 
 say "== tfhvd device check $(date -u +%FT%TZ)"
-if command -v nvidia-smi >/dev/null; then
-  run nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv || true
+gpu=0
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv 2>&1 |
+    tee -a "$LOG"
+elif [ -e /dev/nvidiactl ]; then
+  gpu=1
+  say "/dev/nvidiactl exists but nvidia-smi does not work"
 else
-  say "nvidia-smi not found"
+  say "no NVIDIA GPU on this machine: building only"
 fi
 
-# Architectures: the GPUs of this machine (compiling for one arch is fastest).
-if [ -z "${TFHVD_CUDA_ARCHS:-}" ] && command -v nvidia-smi >/dev/null; then
+# Architectures: this machine's GPUs (one arch compiles fastest); sm_90
+# where there is none.
+if [ -z "${TFHVD_CUDA_ARCHS:-}" ]; then
   TFHVD_CUDA_ARCHS="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
     tr -d ' .' | sort -u | paste -sd ';' -)" || true
-  export TFHVD_CUDA_ARCHS
+  export TFHVD_CUDA_ARCHS="${TFHVD_CUDA_ARCHS:-90}"
 fi
 
-say "== configuring (tfhvd_ops/gpu_config.py)"
-if ! args="$(TFHVD_GPU_OPERATIONS=NCCL python3 "$ROOT/tfhvd_ops/gpu_config.py" --cmake 2>>"$LOG")"; then
-  tail -n 20 "$LOG"
+say "== configuring (tfhvd_ops/gpu_config.py, device code by nvcc)"
+if ! args="$(TFHVD_GPU_OPERATIONS=NCCL TFHVD_DEVICE_COMPILER=nvcc \
+    python3 "$ROOT/tfhvd_ops/gpu_config.py" --cmake 2>"$BUILD/configure.out")"; then
+  tee -a "$LOG" <"$BUILD/configure.out"
   say "device check: cannot configure the GPU build (see above); nothing was run"
   exit 2
 fi
-tail -n 8 "$LOG"
+tee -a "$LOG" <"$BUILD/configure.out"
 get() { sed -n "s/^-D$1=//p" <<<"$args"; }
-NVCC="$(get TFHVD_NVCC)"
+NVCC="$(get TFHVD_DEVICE_TOOL)"
 CUDART="$(get TFHVD_CUDART_LIB)"
-NCCL_INC="$(get TFHVD_NCCL_INCLUDE)"
 NCCL_LIB="$(get TFHVD_NCCL_LIB)"
 ARCHS="$(get TFHVD_CUDA_ARCHS)"
-INCLUDES=()
+INCLUDES=("-I$(get TFHVD_NCCL_INCLUDE)")
 IFS=';' read -ra cuda_inc <<<"$(get TFHVD_CUDA_INCLUDE)"
 for d in "${cuda_inc[@]}"; do INCLUDES+=("-I$d"); done
-INCLUDES+=("-I$NCCL_INC")
-run "$NVCC" --version | tail -n 1 || true
 
 OPS="$ROOT/tfhvd_ops"
-SOURCES=("$OPS"/core/*.cc "$OPS"/backends/nccl/*.cc "$ROOT/tests/gpu/nccl_harness.cc"
-         "$ROOT/tests/gpu/harness_checks.cc")
-CXX="${CXX:-g++}"
-DEFINES=()
-if command -v mpicxx >/dev/null && [ "${TFHVD_HARNESS_LOOPBACK:-0}" != 1 ]; then
-  say "== MPI found: the harness uses the MPI backend"
-  CXX=mpicxx
-  SOURCES+=("$OPS/backends/factory.cc" "$OPS"/backends/mpi/*.cc "$OPS"/backends/tcp/*.cc)
-  DEFINES+=(-DTFHVD_WITH_NCCL -DOMPI_SKIP_MPICXX=1)
-else
-  say "== no MPI: the harness runs one process over the loopback backend"
-  SOURCES+=("$ROOT/tests/gpu/loopback_backend.cc")
-fi
-
-say "== building in $BUILD"
 start=$(date +%s)
-gencode=()
-last=""
-IFS=';' read -ra arch_list <<<"$ARCHS"
-for a in "${arch_list[@]}"; do gencode+=("-gencode=arch=compute_$a,code=sm_$a"); last=$a; done
-gencode+=("-gencode=arch=compute_$last,code=compute_$last")
-timeout 300 "$NVCC" -ccbin "$(command -v g++)" -std=c++17 -O3 -Xcompiler -fPIC "${gencode[@]}" \
-  -c "$OPS/cuda/gpu_kernels.cu" -o "$BUILD/obj/gpu_kernels.o" 2>&1 | tee -a "$LOG"
+say "== device code: $NVCC for sm $ARCHS"
+if ! timeout 300 python3 "$OPS/cuda/build_device_code.py" --compiler nvcc --tool "$NVCC" \
+    --archs "$ARCHS" --source "$OPS/cuda/gpu_kernels.cu" --output "$BUILD/device_images.cc" \
+    2>&1 | tee -a "$LOG"; then
+  say "device check: the device code did not compile"
+  exit 2
+fi
+SOURCES=("$OPS"/core/*.cc "$OPS"/backends/nccl/*.cc "$OPS"/backends/tcp/*.cc
+         "$OPS/cuda/device_kernels.cc" "$BUILD/device_images.cc"
+         "$ROOT"/tests/gpu/{nccl_harness,harness_checks,harness_bench,socket_backend}.cc)
+CXX="${CXX:-g++}"
+say "== compiling ${#SOURCES[@]} files with $CXX in $BUILD"
+rm -f "$BUILD"/obj/*.o
 export CXX BUILD
-printf '%s\n' "${SOURCES[@]}" | timeout 300 xargs -P "$(nproc)" -I{} sh -c \
-  'o="$BUILD/obj/$(echo "{}" | md5sum | cut -c1-12).o"; '"$CXX"' -std=c++17 -O2 -fPIC '"${DEFINES[*]} ${INCLUDES[*]}"' -c "{}" -o "$o" || { echo "FAILED: {}"; exit 255; }' \
-  2>&1 | tee -a "$LOG"
-"$CXX" -o "$BUILD/tfhvd_nccl_harness" "$BUILD"/obj/*.o "$CUDART" "$NCCL_LIB" -lpthread \
-  -Wl,-rpath,"$(dirname "$CUDART")" -Wl,-rpath,"$(dirname "$NCCL_LIB")" 2>&1 | tee -a "$LOG"
+flags="-std=c++17 -O2 -fPIC ${INCLUDES[*]}"
+compile_all() {
+  printf '%s\n' "${SOURCES[@]}" | timeout 400 xargs -P "$(nproc)" -I{} sh -c \
+    'o="$BUILD/obj/$(echo "{}" | md5sum | cut -c1-12).o"; '"$CXX $flags"' -c "{}" -o "$o" || { echo "FAILED: {}"; exit 255; }'
+}
+link() {
+  "$CXX" -o "$BUILD/tfhvd_nccl_harness" "$BUILD"/obj/*.o "$CUDART" "$NCCL_LIB" -ldl -lpthread \
+    -Wl,-rpath,"$(dirname "$CUDART")" -Wl,-rpath,"$(dirname "$NCCL_LIB")"
+}
+if ! compile_all 2>&1 | tee -a "$LOG" || ! link 2>&1 | tee -a "$LOG"; then
+  say "device check: the harness did not build"
+  exit 2
+fi
 say "== built in $(( $(date +%s) - start )) s"
 
-NGPU=1
-if command -v nvidia-smi >/dev/null; then NGPU="$(nvidia-smi -L | grep -c '^GPU' || echo 1)"; fi
-cmd=("$BUILD/tfhvd_nccl_harness" --require-gpu --bench --iters "$ITERS")
-if [ "$CXX" = mpicxx ] && [ "$NGPU" -gt 1 ]; then
-  root_flag=()
-  [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
-  cmd=(mpirun "${root_flag[@]}" -np "$NGPU" "${cmd[@]}")
+HARNESS="$BUILD/tfhvd_nccl_harness"
+passed=0
+failed=0
+# count FILE RC: adds a run's (or rank's) "N passed, M failed" to the totals;
+# a process that ended without that line (a crash, a timeout) is a failure.
+count() {
+  local line
+  line="$(grep -E '^(rank [0-9]+: )?[0-9]+ passed, [0-9]+ failed$' "$1" | tail -n 1)"
+  if [ -z "$line" ]; then
+    say "FAIL: $(basename "$1") ended (exit $2) without its summary line"
+    failed=$((failed + 1))
+    return
+  fi
+  line="${line#rank *: }"
+  passed=$((passed + ${line%% passed*}))
+  local f="${line#*passed, }"
+  failed=$((failed + ${f%% failed}))
+  if [ "$2" != 0 ] && [ "${f%% failed}" = 0 ]; then
+    say "FAIL: $(basename "$1") exited $2"
+    failed=$((failed + 1))
+  fi
+}
+
+# one_rank NAME ARGS...: the harness alone.
+one_rank() {
+  local name="$1" rc
+  shift
+  TFHVD_HARNESS_SIZE=1 timeout -k 5 "$RUN_TIMEOUT" "$HARNESS" "$@" >"$BUILD/$name.out" 2>&1
+  rc=$?
+  tee -a "$LOG" <"$BUILD/$name.out"
+  [ "$rc" = 124 ] && say "FAIL: $name passed its $RUN_TIMEOUT s limit"
+  count "$BUILD/$name.out" "$rc"
+}
+
+# two_ranks NAME ARGS...: two processes, each its own NCCL "host", sharing GPU 0.
+two_ranks() {
+  local name="$1" port=$((20000 + RANDOM % 20000)) pids=() r rc
+  shift
+  for r in 0 1; do
+    TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
+      NCCL_HOSTID="tfhvd-device-check-rank$r" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+      NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+      timeout -k 5 "$RUN_TIMEOUT" "$HARNESS" "$@" >"$BUILD/$name.$r.out" 2>&1 &
+    pids+=($!)
+  done
+  for r in 0 1; do
+    wait "${pids[$r]}"
+    rc=$?
+    say "-- $name: rank $r of 2 (exit $rc, loopback port $port)"
+    tee -a "$LOG" <"$BUILD/$name.$r.out"
+    [ "$rc" = 124 ] && say "FAIL: $name rank $r passed its $RUN_TIMEOUT s limit"
+    if grep -q "Duplicate GPU" "$BUILD/$name.$r.out"; then
+      say "NOTE: NCCL refused two ranks on one GPU despite distinct NCCL_HOSTID"
+    fi
+    count "$BUILD/$name.$r.out" "$rc"
+  done
+}
+
+if [ "$gpu" = 0 ]; then
+  say "== no GPU: the harness's host-tensor checks over the same sockets and runtime"
+  one_rank host1 --host
+  two_ranks host2 --host
+  "$HARNESS" --require-gpu 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  say "device check: no GPU on this machine; the harness was built (GPU run: exit $rc, 3 = no GPU); no GPU check ran"
+  say "$passed passed, $failed failed"
+  [ "$failed" = 0 ] && [ "$rc" = 3 ] && exit 3
+  exit 1
 fi
-say "== running: ${cmd[*]}"
-set +e
-timeout 300 "${cmd[@]}" 2>&1 | tee -a "$LOG"
-rc=${PIPESTATUS[0]}
-set -e
-say "== device check finished with exit code $rc; log: $LOG"
-exit "$rc"
+
+say "== 1 rank: every check, then the copy/scale kernels"
+one_rank rank1 --require-gpu --bench-copy --iters "$ITERS"
+say "== 2 ranks on GPU 0 (NCCL_HOSTID per rank, P2P and SHM off, loopback sockets)"
+two_ranks rank2 --require-gpu --bench --iters "$ITERS"
+
+say "== device check finished in $(( $(date +%s) - start )) s; log: $LOG"
+say "$passed passed, $failed failed"
+[ "$failed" = 0 ]

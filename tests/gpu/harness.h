@@ -83,14 +83,18 @@ struct Env {
   int size = 1;
   int local_rank = 0;
   int local_size = 1;
-  int device = 0;
+  int device = 0;  // -1: host tensors (--host)
   bool hierarchical = false;
 };
 
 // Checks: each returns "" on success or what went wrong.
 using Check = std::function<std::string(const Env&)>;
-void AddChecks(std::vector<std::pair<std::string, Check>>* checks);
+// gpu == false: the checks that also make sense on host tensors (--host).
+void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks);
+// harness_bench.cc: allreduce bandwidth against raw ncclAllReduce, and the
+// copy/scale kernels against cudaMemcpy.
 void Bench(const Env& env, int iters);
+void BenchCopy(const Env& env, int iters);
 
 }  // namespace harness
 

@@ -1,10 +1,5 @@
-// The harness's checks (every op on device tensors, through the real runtime)
-// and the allreduce bandwidth table (tfhvd against the raw NCCL call).
-#include <nccl.h>
-
-#include <chrono>
+// The harness's checks: every op on device tensors, through the real runtime.
 #include <cmath>
-#include <cstdio>
 #include <sstream>
 
 #include "../../tfhvd_ops/backends/nccl/gpu_events.h"
@@ -112,9 +107,10 @@ std::string Allgather(const Env& env) {
   return Compare(ReadTensor(*Output(o)), want);
 }
 
-std::string Broadcast(const Env& env, DataType dt) {
-  const int root = env.size - 1;
-  Op o = MakeOp(std::string("broadcast.") + core::DataTypeName(dt), CollectiveType::kBroadcast,
+std::string Broadcast(const Env& env, DataType dt, int root) {
+  Op o = MakeOp(std::string("broadcast.") + core::DataTypeName(dt) + ".root" +
+                    std::to_string(root),
+                CollectiveType::kBroadcast,
                 Filled(dt, {1000}, env.device, env.rank));
   o.params.root_rank = root;
   std::string why = Failed(Run({&o}));
@@ -203,7 +199,7 @@ std::string Ordering(const Env& env) {
   cudaStream_t fw;
   cudaStreamCreateWithFlags(&fw, cudaStreamNonBlocking);
   float* host = nullptr;
-  cudaMallocHost(&host, n * sizeof(float));
+  cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float));
   for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(Value(env.rank, i));
   auto in = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
   cudaMemcpyAsync(in->mutable_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, fw);
@@ -240,7 +236,7 @@ std::string Empty(const Env& env) {
 
 }  // namespace
 
-void AddChecks(std::vector<std::pair<std::string, Check>>* checks) {
+void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks) {
   using core::ReduceOp;
   for (DataType dt : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
                       DataType::kFloat64, DataType::kInt32, DataType::kInt64, DataType::kUInt8}) {
@@ -264,77 +260,22 @@ void AddChecks(std::vector<std::pair<std::string, Check>>* checks) {
   checks->emplace_back("fused allreduce, 70 tensors (two copy batches)",
                        [](const Env& e) { return Fused(e, 70); });
   checks->emplace_back("allgather, uneven rows", Allgather);
-  checks->emplace_back("broadcast float32",
-                       [](const Env& e) { return Broadcast(e, DataType::kFloat32); });
-  checks->emplace_back("broadcast int64",
-                       [](const Env& e) { return Broadcast(e, DataType::kInt64); });
+  checks->emplace_back("broadcast float32 from the first and the last rank", [](const Env& e) {
+    std::string why = Broadcast(e, DataType::kFloat32, 0);
+    return why.empty() ? Broadcast(e, DataType::kFloat32, e.size - 1) : why;
+  });
+  checks->emplace_back("broadcast int64 from the last rank",
+                       [](const Env& e) { return Broadcast(e, DataType::kInt64, e.size - 1); });
   checks->emplace_back("alltoall, uneven splits", Alltoall);
   checks->emplace_back("reducescatter, uneven rows",
                        [](const Env& e) { return Reducescatter(e, 1); });
   checks->emplace_back("reducescatter, prescaled",
                        [](const Env& e) { return Reducescatter(e, 0.25); });
   checks->emplace_back("empty tensors", Empty);
+  if (!gpu) return;  // the rest is about device tensors only
   checks->emplace_back("ready event orders the collective after the producer", Ordering);
   checks->emplace_back("int16 allreduce is a clear error", UnsupportedDtype);
   checks->emplace_back("mixed CPU and GPU tensors across ranks is a clear error", Mixed);
-}
-
-void Bench(const Env& env, int iters) {
-  auto rt = core::CurrentRuntime();
-  core::Collectives* host = rt->backend()->collectives(-1);
-  core::Collectives* gpu = rt->backend()->collectives(env.device);
-  ncclUniqueId id;
-  if (env.rank == 0) ncclGetUniqueId(&id);
-  host->Broadcast(&id, sizeof(id), 0);
-  ncclComm_t comm;
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (ncclCommInitRank(&comm, env.size, id, env.rank) != ncclSuccess) {
-    std::printf("bench: ncclCommInitRank failed\n");
-    return;
-  }
-  const double factor = env.size > 1 ? 2.0 * (env.size - 1) / env.size : 1.0;
-  if (env.rank == 0) {
-    std::printf("\nallreduce float32, %d rank(s), %d iterations; %s in GB/s\n", env.size, iters,
-                env.size > 1 ? "bus bandwidth (algbw * 2(n-1)/n)"
-                             : "1 rank: algorithm bandwidth (bus bandwidth is 0 by definition)");
-    std::printf("%10s %12s %14s %14s %10s %10s\n", "size", "raw NCCL", "tfhvd backend",
-                "tfhvd runtime", "backend/raw", "runtime/raw");
-  }
-  using Clock = std::chrono::steady_clock;
-  for (int64_t mib : {1, 4, 16, 64, 256}) {
-    const int64_t n = mib * (1 << 20) / 4;
-    auto buf = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
-    cudaMemset(buf->mutable_data(), 0, buf->size_bytes());
-    auto time = [&](const std::function<void()>& f) {
-      f();  // warm-up
-      cudaDeviceSynchronize();
-      host->Barrier();
-      auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) f();
-      cudaDeviceSynchronize();
-      double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-      return mib * (1 << 20) / s / 1e9 * factor;
-    };
-    double raw = time([&] {
-      ncclAllReduce(buf->data(), buf->mutable_data(), n, ncclFloat32, ncclSum, comm, stream);
-    });
-    double backend = time([&] {
-      gpu->Allreduce(nullptr, buf->mutable_data(), n, DataType::kFloat32, core::ReduceOp::kSum);
-      gpu->Synchronize();
-    });
-    double runtime = time([&] {
-      Op o = MakeOp("bench", CollectiveType::kAllreduce, buf);
-      o.output = buf;  // in place, as TF's forwarded input is
-      Run({&o});
-    });
-    if (env.rank == 0) {
-      std::printf("%7ld MiB %12.1f %14.1f %14.1f %10.2f %10.2f\n", static_cast<long>(mib), raw,
-                  backend, runtime, backend / raw, runtime / raw);
-    }
-  }
-  ncclCommDestroy(comm);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace harness

@@ -1,12 +1,21 @@
 // tfhvd_nccl_harness: checks tfhvd's NCCL backend without TensorFlow.
 //
-//   tfhvd_nccl_harness [--bench] [--iters N] [--require-gpu]
-//   mpirun -np <GPUs> tfhvd_nccl_harness            (one process per GPU)
+//   tfhvd_nccl_harness [--bench] [--bench-copy] [--iters N] [--require-gpu] [--host]
+//   mpirun -np <GPUs> tfhvd_nccl_harness            (the MPI build, CMake)
+//   TFHVD_HARNESS_RANK=r TFHVD_HARNESS_SIZE=n ...   (the socket build of
+//                                                    tests/gpu/device_check.sh)
 //
-// Without a CUDA device it prints why and exits 0 (3 with --require-gpu), so
-// a CPU machine can still run it to prove that it links and loads.  Each
-// check runs twice: with the flat allreduce and with
-// TFHVD_HIERARCHICAL_ALLREDUCE=1.  The last line is "N passed, N failed".
+// On a machine without an NVIDIA driver it prints why and exits 0 (3 with
+// --require-gpu), so a CPU machine can still run it to prove that it links
+// and loads.  On a machine with one (/dev/nvidiactl), finding no CUDA device
+// is a failure, never a skip.  Each check runs twice: with the flat
+// allreduce and with TFHVD_HIERARCHICAL_ALLREDUCE=1.  --bench: the
+// allreduce bandwidth table; --bench-copy: the copy/scale kernels against
+// cudaMemcpy.  --host: the same runtime and transports on host tensors, no
+// GPU needed (a CPU machine checks the harness's own plumbing so).  The last
+// line is "N passed, N failed".
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +36,9 @@ Buffer::Buffer(core::DataType dt, core::Shape shape, int device)
     cudaSetDevice(device_);
     if (cudaMalloc(&data_, bytes_) != cudaSuccess) data_ = nullptr;
     if (data_ != nullptr) cudaMemset(data_, 0xff, bytes_);  // garbage until written
+    // The legacy default stream does not order the backend's non-blocking
+    // stream: finish the memset before anyone else touches the buffer.
+    cudaDeviceSynchronize();
   } else {
     data_ = std::calloc(1, bytes_);
   }
@@ -126,7 +138,10 @@ void Buffer::Write(const std::vector<double>& values) {
   std::vector<char> host(bytes_);
   for (size_t i = 0; i < values.size(); ++i) Set(host.data(), dtype_, i, values[i]);
   if (device_ >= 0) {
+    // A pageable copy may return before its DMA lands, and the backend's
+    // stream does not wait for the default stream: synchronise.
     cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   } else if (bytes_ > 0) {
     std::memcpy(data_, host.data(), bytes_);
   }
@@ -217,29 +232,42 @@ bool Init(bool hierarchical, harness::Env* env) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool bench = false, require_gpu = false;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
+  bool bench = false, bench_copy = false, require_gpu = false, host = false;
   int iters = 20;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bench")) bench = true;
+    if (!std::strcmp(argv[i], "--bench-copy")) bench_copy = true;
     if (!std::strcmp(argv[i], "--require-gpu")) require_gpu = true;
+    if (!std::strcmp(argv[i], "--host")) host = true;
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
   }
-  std::printf("tfhvd NCCL harness: NCCL built in: %s\n", tfhvd_nccl_built() ? "yes" : "no");
+  std::printf("tfhvd NCCL harness: NCCL built in: %s; device code: %s\n",
+              tfhvd_nccl_built() ? "yes" : "no", tfhvd_gpu_code_info());
+  if (!tfhvd_nccl_built()) {
+    std::printf("FAIL: this build has no NCCL\n0 passed, 1 failed\n");
+    return 1;
+  }
   int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("SKIP: no CUDA device (%s); nothing to check on this machine\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  cudaError_t e = host ? cudaSuccess : cudaGetDeviceCount(&count);
+  if (!host && (e != cudaSuccess || count == 0)) {
+    const char* why = e != cudaSuccess ? cudaGetErrorString(e) : "0 devices";
+    if (access("/dev/nvidiactl", F_OK) == 0) {
+      std::printf("FAIL: this machine has an NVIDIA driver (/dev/nvidiactl) but CUDA finds no "
+                  "device: %s\n0 passed, 1 failed\n", why);
+      return 1;
+    }
+    std::printf("SKIP: no CUDA device (%s); nothing to check on this machine\n", why);
     return require_gpu ? 3 : 0;
   }
   std::vector<std::pair<std::string, harness::Check>> checks;
-  harness::AddChecks(&checks);
+  harness::AddChecks(!host, &checks);
   int passed = 0, failed = 0;
   harness::Env env;
   for (bool hierarchical : {false, true}) {
     if (!Init(hierarchical, &env)) return 1;
-    env.device = env.local_rank % count;
-    cudaSetDevice(env.device);
+    env.device = host ? -1 : env.local_rank % count;
+    if (!host) cudaSetDevice(env.device);
     for (auto& c : checks) {
       std::string why = c.second(env);
       if (env.rank == 0 || !why.empty()) {
@@ -250,10 +278,16 @@ int main(int argc, char** argv) {
       (why.empty() ? passed : failed)++;
     }
     if (bench && !hierarchical) harness::Bench(env, iters);
+    if (bench_copy && !hierarchical && env.rank == 0) harness::BenchCopy(env, iters);
     tfhvd_shutdown();
   }
   std::fflush(stdout);
   tfhvd_finalize();
-  if (env.rank == 0) std::printf("%d passed, %d failed\n", passed, failed);
+  // Every rank's own tally; rank 0's line is the plain closing line.
+  if (env.rank == 0) {
+    std::printf("%d passed, %d failed\n", passed, failed);
+  } else {
+    std::printf("rank %d: %d passed, %d failed\n", env.rank, passed, failed);
+  }
   return failed == 0 ? 0 : 1;
 }

@@ -95,13 +95,62 @@ def test_cuda_missing_says_where_it_looked_and_what_to_set():
         find_cuda({}, 12, standard=("/nonexistent-cuda",))
     msg = str(e.value)
     assert "no CUDA 12 compiler" in msg and "TFHVD_CUDA_HOME" in msg and "ptxas but no nvcc" in msg
+    assert "nvidia-cuda-nvrtc-cu12" in msg
 
 
 def test_cuda_home_of_the_right_version_is_used(tmp_path):
     make_cuda(str(tmp_path / "cuda"), 12)
     found = find_cuda({"TFHVD_CUDA_HOME": str(tmp_path / "cuda")}, 12)
     assert found["major"] == 12 and not found["check_only"]
+    assert found["compiler"] == "nvcc" and found["tool"].endswith("bin/nvcc")
     assert found["cudart"].endswith("lib64/libcudart.so")
+
+
+def make_wheels(tmp_path, nvrtc_major):
+    """nvidia.cuda_nvrtc (libnvrtc.so.<major>) and nvidia.cuda_runtime
+    (headers, libcudart) wheel folders; returns a find_spec for them."""
+    nvrtc = tmp_path / "nvrtc"
+    (nvrtc / "lib").mkdir(parents=True)
+    (nvrtc / "lib" / ("libnvrtc.so.%d" % nvrtc_major)).touch()
+    (nvrtc / "lib" / "libnvrtc-builtins.so.12.5").touch()
+    runtime = tmp_path / "runtime"
+    (runtime / "include").mkdir(parents=True)
+    (runtime / "lib").mkdir()
+    for h in ("cuda_fp16.h", "cuda_runtime_api.h"):
+        (runtime / "include" / h).touch()
+    (runtime / "lib" / "libcudart.so.12").touch()
+    dirs = {"nvidia.cuda_nvrtc": str(nvrtc), "nvidia.cuda_runtime": str(runtime)}
+
+    class Spec:
+        def __init__(self, d):
+            self.submodule_search_locations = [d]
+
+    return lambda n: Spec(dirs[n]) if n in dirs else None
+
+
+def test_nvrtc_wheel_of_tensorflows_cuda_compiles_the_device_code(tmp_path):
+    find_spec = make_wheels(tmp_path, 12)
+    tf_include = tmp_path / "tfinc" / "third_party" / "gpus" / "cuda" / "include"
+    tf_include.mkdir(parents=True)
+    (tf_include / "cuda_runtime_api.h").touch()
+    make_cuda(str(tmp_path / "cuda13"), 13)  # a CUDA 13 nvcc on PATH is not taken
+    found = gc.find_cuda({}, 12, str(tmp_path / "tfinc"), find_spec=find_spec,
+                         which=lambda n: str(tmp_path / "cuda13" / "bin" / "nvcc"), standard=())
+    assert found["compiler"] == "nvrtc" and found["tool"].endswith("libnvrtc.so.12")
+    assert found["major"] == 12 and not found["check_only"]
+    assert found["device_include"] == [str(tmp_path / "runtime" / "include")]
+    assert found["cudart"].endswith("libcudart.so.12")
+    # TFHVD_DEVICE_COMPILER=nvcc refuses NVRTC; the CUDA 13 nvcc still needs the
+    # explicitly named fallback.
+    with pytest.raises(gc.GpuConfigError, match="another CUDA major version"):
+        gc.find_cuda({"TFHVD_DEVICE_COMPILER": "nvcc"}, 12, str(tmp_path / "tfinc"),
+                     find_spec=find_spec, which=lambda n: str(tmp_path / "cuda13/bin/nvcc"),
+                     standard=())
+
+
+def test_nvrtc_of_another_cuda_major_is_not_used(tmp_path):
+    with pytest.raises(gc.GpuConfigError, match="no CUDA 12 compiler"):
+        find_cuda({}, 12, find_spec=make_wheels(tmp_path, 13))
 
 
 def test_cuda_of_another_major_is_refused_unless_compile_check(tmp_path):
@@ -123,6 +172,7 @@ def test_cuda_of_another_major_is_refused_unless_compile_check(tmp_path):
                          find_spec=lambda n: Spec() if n == "nvidia.cuda_runtime" else None,
                          which=lambda n: None, standard=())
     assert found["check_only"] and found["cudart"].endswith("libcudart.so.12")
+    assert found["compiler"] == "nvcc"
     assert any("compile-and-link check" in n for n in found["notes"])
 
 

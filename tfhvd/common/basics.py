@@ -172,6 +172,12 @@ def cuda_built() -> bool:
     return bool(library.capi().tfhvd_cuda_built())
 
 
+def gpu_code_info() -> str:
+    """Which tool built the library's GPU device code, for which
+    architectures ("" in a CPU build)."""
+    return library.capi().tfhvd_gpu_code_info().decode()
+
+
 def gloo_built() -> bool:
     """Horovod compatibility: tfhvd has no Gloo controller."""
     return False

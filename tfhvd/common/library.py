@@ -55,3 +55,4 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tfhvd_parse_settings.argtypes = errbuf
     lib.tfhvd_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int] + errbuf
     lib.tfhvd_finalize.restype = None
+    lib.tfhvd_gpu_code_info.restype = ctypes.c_char_p

@@ -29,6 +29,7 @@ class BuildInfo:
     nccl: bool = False
     cuda_built: bool = False
     cuda_driver: bool = False
+    gpu_code: str = ""
     gpu_devices: int = 0
     library: Optional[str] = None
     error: Optional[str] = None
@@ -54,6 +55,7 @@ def gather() -> BuildInfo:
         info.mpi = basics.mpi_built()
         info.nccl = basics.nccl_built()
         info.cuda_built = basics.cuda_built()
+        info.gpu_code = basics.gpu_code_info()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         info.error = "%s: %s" % (type(e).__name__, e)
         return info
@@ -99,6 +101,7 @@ def render(info: BuildInfo) -> str:
         "",
         "CUDA:",
         "    %s built with CUDA" % _mark(info.cuda_built),
+    ] + (["        device code by %s" % info.gpu_code] if info.gpu_code else []) + [
         "    %s CUDA driver present on this machine (%d GPU device%s)" % (
             _mark(info.cuda_driver), info.gpu_devices, "" if info.gpu_devices == 1 else "s"),
     ]

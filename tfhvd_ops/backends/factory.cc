@@ -31,6 +31,7 @@ BuildInfo GetBuildInfo() {
 #ifdef TFHVD_WITH_NCCL
   info.nccl = true;
   info.cuda = true;
+  info.device_code = NcclDeviceCodeInfo();
 #endif
   return info;
 }

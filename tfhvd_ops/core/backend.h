@@ -81,6 +81,14 @@ class Collectives {
   virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                             double factor) = 0;
   virtual Status Zero(void* dst, int64_t bytes) = 0;
+  // Allreduce, then recv[i] *= post (Average's 1/size, a postscale).  A
+  // transport that can fold the factor into the reduction (NCCL's PreMulSum)
+  // saves the separate pass over the output; the others run both steps.
+  virtual Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype,
+                                 ReduceOp op, double post) {
+    TFHVD_RETURN_IF_ERROR(Allreduce(send, recv, count, dtype, op));
+    return ScaledCopy(recv, recv, count, dtype, post);
+  }
 
   // Ordering for transports whose work is asynchronous (device streams).
   // Makes later work wait for `event` (a tensor's Tensor::ready_event).
@@ -113,6 +121,7 @@ struct BackendOptions {
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
   bool control_shm = true;    // same-host control bytes through shared memory
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
+  double device_timeout_s = 600.0;      // longest wait for device work (NCCL_TIMEOUT)
 };
 
 // Everything a runtime needs from its transports.
@@ -135,6 +144,11 @@ class Backend {
   virtual Collectives* cross_collectives() { return nullptr; }
 };
 
+// The device of a device collective on a rank that has no tensor in it (a
+// joined rank): the backend uses this process's own GPU, never another
+// rank's ordinal.
+constexpr int kOwnDevice = 1 << 30;
+
 // Implemented by backends/factory.cc.  `excluded` is set (and OK returned)
 // when this process is not one of `opts.ranks`.
 Status CreateBackend(const BackendOptions& opts, std::unique_ptr<Backend>* out, bool* excluded);
@@ -150,6 +164,9 @@ struct BuildInfo {
   bool mpi = false;
   bool nccl = false;
   bool cuda = false;
+  // Which tool built the GPU device code, for which architectures ("" in a
+  // CPU build); cuda/device_kernels.h.
+  const char* device_code = "";
 };
 BuildInfo GetBuildInfo();
 

@@ -77,6 +77,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.socket_ifname = settings.socket_ifname;
   opts.control_shm = settings.control_shm;
   opts.hierarchical_allreduce = settings.hierarchical_allreduce;
+  opts.device_timeout_s = settings.nccl_timeout_s;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;
   st = tfhvd::CreateBackend(opts, &backend, &excluded);
@@ -129,6 +130,7 @@ int tfhvd_mpi_threads_supported(void) {
 int tfhvd_mpi_built(void) { return tfhvd::GetBuildInfo().mpi ? 1 : 0; }
 int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
 int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }
+const char* tfhvd_gpu_code_info(void) { return tfhvd::GetBuildInfo().device_code; }
 
 int tfhvd_parse_settings(char* buf, int len) {
   tfhvd::Settings s;

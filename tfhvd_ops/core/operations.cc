@@ -51,12 +51,16 @@ void Executor::Execute(const Response& r,
     const CollectiveParams& p = r.params;
     // Ranks agree on the memory kind; the GPU ordinal is each rank's own.
     int device = p.device;
+    bool mine = false;
     for (const auto& e : entries) {
       if (e) {
         device = e->params.device;
+        mine = true;
         break;
       }
     }
+    // A joined rank has no tensor here: it works on its own GPU.
+    if (!mine && device >= 0) device = kOwnDevice;
     Collectives* c = backend_->collectives(device);
     if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
       st = Status::FailedPrecondition(
@@ -126,12 +130,10 @@ Status Executor::Allreduce(const Response& r,
     void* out = e.output->mutable_data();
     if (p.prescale != 1.0) {
       TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
-      TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, out, n, p.dtype, op));
-    } else {
-      const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
-      TFHVD_RETURN_IF_ERROR(c->Allreduce(in, out, n, p.dtype, op));
+      return c->AllreduceScaled(nullptr, out, n, p.dtype, op, post);
     }
-    return c->ScaledCopy(out, out, n, p.dtype, post);
+    const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
+    return c->AllreduceScaled(in, out, n, p.dtype, op, post);
   }
   int64_t total = 0;
   for (int64_t n : r.sizes) total += n;

@@ -121,6 +121,12 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
       ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));
+  if (s->stall_shutdown_time_s > 0) s->nccl_timeout_s = s->stall_shutdown_time_s;
+  TFHVD_RETURN_IF_ERROR(ParseDouble(env, "NCCL_TIMEOUT", 0, &s->nccl_timeout_s));
+  if (s->nccl_timeout_s <= 0) {
+    return Status::InvalidArgument("tfhvd: TFHVD_NCCL_TIMEOUT must be a positive number of "
+                                   "seconds (a GPU wait without a deadline can hang the job)");
+  }
   return Status::OK();
 }
 
@@ -133,6 +139,7 @@ std::string Settings::ToString() const {
     << "log_level=" << kNames[static_cast<int>(log_level)] << "\n"
     << "stall_check_time_s=" << stall_check_time_s << "\n"
     << "stall_shutdown_time_s=" << stall_shutdown_time_s << "\n"
+    << "nccl_timeout_s=" << nccl_timeout_s << "\n"
     << "stall_check_disable=" << (stall_check_disable ? 1 : 0) << "\n"
     << "control="
     << (control == ControlKind::kMpi ? "mpi" : "tcp")

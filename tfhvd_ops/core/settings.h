@@ -32,6 +32,10 @@ struct Settings {
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce
                                        // within nodes (NCCL), across them (MPI)
+  // NCCL_TIMEOUT (seconds): the longest wait for GPU work (a collective, a
+  // copy) before the job is ended; unset: the stall-shutdown time when set,
+  // else 600.
+  double nccl_timeout_s = 600.0;
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;

@@ -1,8 +1,24 @@
 // Batched scaled copies for the device fusion buffer and pre/post scaling.
-// One launch covers a whole batch: block row y works on task y.
+// One launch covers a whole batch: block row y works on task y; the x blocks
+// of a row stride over its elements.  Compiled device-only (NVRTC by
+// default; nvcc or clang where asked) to cubins and PTX that the library
+// embeds and loads with the driver API (device_kernels.cc), so no host code
+// lives here and no NVIDIA fatbinary tool is needed.
+//
+// Speed: 16-byte loads and stores when both pointers are 16-byte aligned
+// (every fusion-buffer slot and TensorFlow allocation is), __restrict__
+// pointers when source and destination differ, and grids sized from the SM
+// count by the launcher.
+#if defined(TFHVD_KERNEL_EMULATION)
+// tests/gpu/kernel_emulation_test.cc runs this file on the host.
+#include "../../tests/gpu/kernel_emulation.h"
+#else
+#if !defined(__CUDACC_RTC__)
+#include <cuda_runtime.h>
+#endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#endif
 
 #include "gpu_kernels.h"
 
@@ -11,14 +27,13 @@ namespace cuda {
 namespace {
 
 // Must match tfhvd::DataType (core/common.h), which this file cannot include
-// without dragging host-only headers through nvcc.
+// (it is compiled without the host standard library).
 enum Dtype : int32_t {
   kUInt8 = 0, kInt8 = 1, kUInt16 = 2, kInt16 = 3, kInt32 = 4, kInt64 = 5,
   kFloat16 = 6, kBFloat16 = 7, kFloat32 = 8, kFloat64 = 9, kBool = 10,
 };
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocksPerTask = 512;
+typedef unsigned char Byte;
 
 template <typename T>
 __device__ __forceinline__ T Scale(T v, double f) {
@@ -37,72 +52,126 @@ __device__ __forceinline__ __nv_bfloat16 Scale(__nv_bfloat16 v, double f) {
   return __float2bfloat16_rn(__bfloat162float(v) * static_cast<float>(f));
 }
 
-template <typename T>
-__device__ void Run(const CopyTask& t) {
-  const T* s = static_cast<const T*>(t.src);
-  T* d = static_cast<T*>(t.dst);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t.factor == 1.0) {
-    for (; i < t.count; i += stride) d[i] = s[i];
-  } else {
-    for (; i < t.count; i += stride) d[i] = Scale<T>(s[i], t.factor);
-  }
+__device__ __forceinline__ bool Aligned16(const void* a, const void* b) {
+  return ((reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b)) &
+          15ull) == 0;
 }
 
-// A plain copy moves raw bits of the element's width.
-template <typename Bits>
-__device__ void Copy(const CopyTask& t) {
-  const Bits* s = static_cast<const Bits*>(t.src);
-  Bits* d = static_cast<Bits*>(t.dst);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.count;
-       i += stride) {
-    d[i] = s[i];
-  }
+__device__ __forceinline__ long long Tid() {
+  return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long Stride() {
+  return static_cast<long long>(gridDim.x) * blockDim.x;
 }
 
-__global__ void BatchedScaledCopy(const CopyBatch batch) {
-  const CopyTask& t = batch.tasks[blockIdx.y];
-  if (t.factor == 1.0 || t.dtype == kBool) {
-    switch (t.dtype) {
-      case kUInt8: case kInt8: case kBool: Copy<uint8_t>(t); break;
-      case kUInt16: case kInt16: case kFloat16: case kBFloat16: Copy<uint16_t>(t); break;
-      case kInt32: case kFloat32: Copy<uint32_t>(t); break;
-      default: Copy<uint64_t>(t); break;
-    }
+// A plain copy of `bytes` raw bytes.  When source and destination share
+// their offset within 16 bytes (always for TensorFlow's buffers, and for the
+// fusion buffer's first tensor): head bytes up to the alignment, then 16
+// bytes per thread and step, then the tail.  Otherwise 4-byte words where
+// both allow it (a float32 tensor at an odd offset of the fusion buffer),
+// else bytes.
+__device__ void Copy(const Byte* __restrict__ s, Byte* __restrict__ d, long long bytes) {
+  const unsigned long long sa = reinterpret_cast<unsigned long long>(s);
+  const unsigned long long da = reinterpret_cast<unsigned long long>(d);
+  if ((sa & 15ull) == (da & 15ull)) {
+    long long head = static_cast<long long>((16ull - (sa & 15ull)) & 15ull);
+    if (head > bytes) head = bytes;
+    for (long long i = Tid(); i < head; i += Stride()) d[i] = s[i];
+    const long long nvec = (bytes - head) / 16;
+    const uint4* __restrict__ vs = reinterpret_cast<const uint4*>(s + head);
+    uint4* __restrict__ vd = reinterpret_cast<uint4*>(d + head);
+    for (long long i = Tid(); i < nvec; i += Stride()) vd[i] = vs[i];
+    for (long long i = head + nvec * 16 + Tid(); i < bytes; i += Stride()) d[i] = s[i];
     return;
   }
-  switch (t.dtype) {
-    case kUInt8: Run<uint8_t>(t); break;
-    case kInt8: Run<int8_t>(t); break;
-    case kUInt16: Run<uint16_t>(t); break;
-    case kInt16: Run<int16_t>(t); break;
-    case kInt32: Run<int32_t>(t); break;
-    case kInt64: Run<int64_t>(t); break;
-    case kFloat16: Run<__half>(t); break;
-    case kBFloat16: Run<__nv_bfloat16>(t); break;
-    case kFloat32: Run<float>(t); break;
-    case kFloat64: Run<double>(t); break;
-    default: break;
+  long long done = 0;
+  if (((sa | da) & 3ull) == 0) {
+    const long long nw = bytes / 4;
+    const unsigned* __restrict__ ws = reinterpret_cast<const unsigned*>(s);
+    unsigned* __restrict__ wd = reinterpret_cast<unsigned*>(d);
+    for (long long i = Tid(); i < nw; i += Stride()) wd[i] = ws[i];
+    done = nw * 4;
+  }
+  for (long long i = done + Tid(); i < bytes; i += Stride()) d[i] = s[i];
+}
+
+// 16 bytes of T, loaded and stored as one vector.
+template <typename T>
+union Vec {
+  uint4 raw;
+  T v[16 / sizeof(T)];
+};
+
+// dst = src * f, element-wise.  kAliased: src == dst (in-place scaling), so
+// the pointers must not be declared __restrict__.
+template <typename T, bool kAliased>
+__device__ void ScaleBody(const T* s, T* d, long long n, double f) {
+  constexpr int kPer = 16 / sizeof(T);
+  long long done = 0;
+  if (Aligned16(s, d)) {
+    const long long nvec = n / kPer;
+    const uint4* vs = reinterpret_cast<const uint4*>(s);
+    uint4* vd = reinterpret_cast<uint4*>(d);
+    for (long long i = Tid(); i < nvec; i += Stride()) {
+      Vec<T> x;
+      x.raw = vs[i];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) x.v[k] = Scale<T>(x.v[k], f);
+      vd[i] = x.raw;
+    }
+    done = nvec * kPer;
+  }
+  for (long long i = done + Tid(); i < n; i += Stride()) d[i] = Scale<T>(s[i], f);
+}
+
+template <typename T>
+__device__ void Scaled(const CopyTask& t) {
+  const T* s = static_cast<const T*>(t.src);
+  T* d = static_cast<T*>(t.dst);
+  if (t.src == t.dst) {
+    ScaleBody<T, true>(s, d, t.count, t.factor);
+  } else {
+    const T* __restrict__ rs = s;
+    T* __restrict__ rd = d;
+    ScaleBody<T, false>(rs, rd, t.count, t.factor);
+  }
+}
+
+__device__ int ElementSize(int32_t dtype) {
+  switch (dtype) {
+    case kUInt8: case kInt8: case kBool: return 1;
+    case kUInt16: case kInt16: case kFloat16: case kBFloat16: return 2;
+    case kInt32: case kFloat32: return 4;
+    default: return 8;
   }
 }
 
 }  // namespace
-
-int LaunchBatchedScaledCopy(const CopyBatch& batch, void* stream) {
-  if (batch.n <= 0) return 0;
-  int64_t most = 0;
-  for (int i = 0; i < batch.n; ++i) {
-    if (batch.tasks[i].count > most) most = batch.tasks[i].count;
-  }
-  if (most == 0) return 0;
-  int64_t blocks = (most + kThreads - 1) / kThreads;
-  dim3 grid(static_cast<unsigned>(blocks < kMaxBlocksPerTask ? blocks : kMaxBlocksPerTask),
-            static_cast<unsigned>(batch.n));
-  BatchedScaledCopy<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
-  return static_cast<int>(cudaGetLastError());
-}
-
 }  // namespace cuda
 }  // namespace tfhvd
+
+extern "C" __global__ void __launch_bounds__(tfhvd::cuda::kThreadsPerBlock)
+    tfhvd_batched_scaled_copy(const tfhvd::cuda::CopyBatch batch) {
+  using namespace tfhvd::cuda;  // NOLINT
+  const CopyTask& t = batch.tasks[blockIdx.y];
+  if (t.factor == 1.0 || t.dtype == kBool) {
+    if (t.src != t.dst) {
+      Copy(static_cast<const Byte*>(t.src), static_cast<Byte*>(t.dst),
+           t.count * ElementSize(t.dtype));
+    }
+    return;
+  }
+  switch (t.dtype) {
+    case kUInt8: Scaled<unsigned char>(t); break;
+    case kInt8: Scaled<signed char>(t); break;
+    case kUInt16: Scaled<unsigned short>(t); break;
+    case kInt16: Scaled<short>(t); break;
+    case kInt32: Scaled<int>(t); break;
+    case kInt64: Scaled<long long>(t); break;
+    case kFloat16: Scaled<__half>(t); break;
+    case kBFloat16: Scaled<__nv_bfloat16>(t); break;
+    case kFloat32: Scaled<float>(t); break;
+    case kFloat64: Scaled<double>(t); break;
+    default: break;
+  }
+}

@@ -1,13 +1,18 @@
-// Host-callable launchers of tfhvd's CUDA kernels (gpu_kernels.cu).
-//
-// The header is plain C++ without CUDA headers, so the NCCL backend's .cc
-// files and the TF-free test harness include it with any compiler; only the
-// .cu file needs nvcc.  Streams are passed as void* (a cudaStream_t) and
-// results come back as cudaError_t values (0: success).
+// What the host and the device code of tfhvd's CUDA kernels share: the
+// batched copy/scale task list.  The kernels themselves (gpu_kernels.cu) are
+// compiled to cubins and PTX on their own and embedded as data; the host
+// loads them with the driver API (device_kernels.h).  This header is plain
+// C++ that NVRTC, clang, nvcc and g++ all compile.
 #ifndef TFHVD_CUDA_GPU_KERNELS_H_
 #define TFHVD_CUDA_GPU_KERNELS_H_
 
+#if defined(__CUDACC_RTC__)
+// NVRTC has no standard library headers.
+typedef long long int64_t;
+typedef int int32_t;
+#else
 #include <cstdint>
+#endif
 
 namespace tfhvd {
 namespace cuda {
@@ -33,7 +38,10 @@ struct CopyBatch {
   CopyTask tasks[kMaxBatch];
 };
 
-int LaunchBatchedScaledCopy(const CopyBatch& batch, void* stream);
+// The kernel's symbol in the embedded images (extern "C": no mangling).
+#define TFHVD_BATCHED_COPY_KERNEL "tfhvd_batched_scaled_copy"
+// Threads per block of every launch.
+constexpr int kThreadsPerBlock = 256;
 
 }  // namespace cuda
 }  // namespace tfhvd

@@ -13,7 +13,8 @@
 
 namespace tfhvd {
 
-// Records a new event on `stream` (a cudaStream_t, or null for the legacy
+// Records an event (taken from a per-device pool, returned to it when the
+// last reference goes) on `stream` (a cudaStream_t, or null for the legacy
 // default stream) of GPU `device`.  The calling thread's current device is
 // left as it was.
 Status RecordReadyEvent(int device, void* stream, std::shared_ptr<ReadyEvent>* out);

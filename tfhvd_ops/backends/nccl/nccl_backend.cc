@@ -18,7 +18,7 @@ class NcclBackend : public Backend {
       peers.cross = host_->cross_collectives();
     }
     gpu_ = std::make_unique<NcclCollectives>(host_->topology(), peers,
-                                             opts.hierarchical_allreduce);
+                                             opts.hierarchical_allreduce, opts.device_timeout_s);
   }
 
   const Topology& topology() const override { return host_->topology(); }
@@ -48,5 +48,7 @@ Status CreateNcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> ho
   *out = std::make_unique<NcclBackend>(opts, std::move(host));
   return Status::OK();
 }
+
+const char* NcclDeviceCodeInfo() { return cuda::kDeviceCodeInfo; }
 
 }  // namespace tfhvd

@@ -27,6 +27,9 @@ namespace tfhvd {
 Status CreateNcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> host,
                          std::unique_ptr<Backend>* out);
 
+// Which tool built the embedded device code, for which architectures.
+const char* NcclDeviceCodeInfo();
+
 }  // namespace tfhvd
 
 #endif  // TFHVD_BACKENDS_NCCL_NCCL_BACKEND_H_

@@ -1,7 +1,10 @@
 #include "nccl_collectives.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "cuda_check.h"
@@ -10,6 +13,9 @@ namespace tfhvd {
 namespace {
 
 constexpr int kInitMessageBytes = 512;
+// Plain copies of at least this many bytes go through cudaMemcpyAsync; the
+// smaller ones are batched into one kernel launch.
+constexpr int64_t kMemcpyBytes = 1 << 20;
 
 // NCCL's element type for a reduction; null when NCCL cannot reduce it.
 bool NcclType(DataType dt, ncclDataType_t* t) {
@@ -60,17 +66,31 @@ char* At(void* p, int64_t off) { return static_cast<char*>(p) + off; }
 
 }  // namespace
 
-NcclCollectives::NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical)
-    : topo_(topo), peers_(peers), hierarchical_(hierarchical) {}
+NcclCollectives::NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical,
+                                 double timeout_s)
+    : topo_(topo), peers_(peers), hierarchical_(hierarchical), timeout_s_(timeout_s) {}
 
 NcclCollectives::~NcclCollectives() {
   if (device_ < 0) return;
   int previous = -1;
   cudaGetDevice(&previous);
   cudaSetDevice(device_);
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  for (ncclComm_t* c : {&comm_, &local_comm_}) {
-    if (*c != nullptr) ncclCommDestroy(*c);
+  // A clean shutdown: drain the stream, then ncclCommFinalize and
+  // ncclCommDestroy, under the deadline (both wait for the peers).  After a
+  // failure the communicators are left alone: destroying one that a lost
+  // peer still shares can hang.
+  if (broken_.ok() && stream_ != nullptr) WaitStream("draining the GPU stream at shutdown");
+  if (broken_.ok()) {
+    WithDeadline("finalizing the NCCL communicators", [this] {
+      for (ncclComm_t* c : {&comm_, &local_comm_}) {
+        if (*c == nullptr) continue;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+        ncclCommFinalize(*c);
+#endif
+        ncclCommDestroy(*c);
+        *c = nullptr;
+      }
+    });
   }
   if (fusion_ != nullptr) cudaFree(fusion_);
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -91,21 +111,49 @@ Status NcclCollectives::Nccl(ncclResult_t r, const char* what, ncclComm_t comm) 
 
 Status NcclCollectives::Broken(const Status& st) {
   if (!broken_.ok()) return broken_;
-  for (ncclComm_t* c : {&comm_, &local_comm_}) {
-    if (*c != nullptr) {
-      ncclCommAbort(*c);
-      *c = nullptr;
-    }
+  // The peers may already wait inside a collective this rank will not
+  // join, and ncclCommAbort/ncclCommDestroy are collective within a node,
+  // so neither is safe here: the job ends through the host transport's
+  // abort, with the reason on this rank's stderr.  One rank has no peers to
+  // strand: there the error stays a value, and sticky.
+  if (topo_.size > 1) {
+    std::fprintf(stderr,
+                 "%s\ntfhvd: rank %d gives up on its GPU collectives (its peers would wait for "
+                 "it forever): ending the job\n",
+                 st.message().c_str(), topo_.rank);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    AbortTransports(1);
   }
-  // The other ranks may already wait inside a collective this rank will not
-  // join: aborting the communicator makes theirs fail too (NCCL reports the
-  // lost peer) instead of hanging.
-  const std::string msg = st.message() +
-                          "; the NCCL communicator was aborted, so GPU collectives cannot run "
-                          "again in this job";
+  const std::string msg = st.message() + "; GPU collectives cannot run again in this job";
   broken_ = st.code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
                                                       : Status::Aborted(msg);
   return broken_;
+}
+
+void NcclCollectives::WithDeadline(const char* what, const std::function<void()>& work) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  const double timeout = timeout_s_;
+  const int rank = topo_.rank;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done; })) return;
+    std::fprintf(stderr,
+                 "tfhvd: rank %d: %s did not finish within %.0f s (TFHVD_NCCL_TIMEOUT): a peer "
+                 "is gone or stuck; ending the job\n",
+                 rank, what, timeout);
+    std::fflush(stderr);
+    AbortTransports(1);
+  });
+  work();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
 }
 
 Status NcclCollectives::EnsureDevice() {
@@ -114,11 +162,23 @@ Status NcclCollectives::EnsureDevice() {
   if (requested_ < 0) {
     return Status::Internal("tfhvd: internal error: a GPU collective without a GPU");
   }
-  TFHVD_RETURN_IF_ERROR(Cuda(cudaSetDevice(requested_), "cudaSetDevice"));
-  TFHVD_RETURN_IF_ERROR(
-      Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-  device_ = requested_;
-  return Status::OK();
+  int want = requested_;
+  if (want == kOwnDevice) {  // a joined rank's first GPU collective: its own GPU
+    int count = 0;
+    TFHVD_RETURN_IF_ERROR(Cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+    want = count > 0 ? topo_.local_rank % count : 0;
+  }
+  TFHVD_RETURN_IF_ERROR(Cuda(cudaSetDevice(want), "cudaSetDevice"));
+  // The highest priority, as Horovod gives its NCCL stream: a collective
+  // that the other ranks wait for should not queue behind compute kernels.
+  int lowest = 0, highest = 0;
+  TFHVD_RETURN_IF_ERROR(Cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
+                             "cudaDeviceGetStreamPriorityRange"));
+  TFHVD_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest),
+                             "cudaStreamCreateWithPriority"));
+  device_ = want;
+  Status st = kernels_.Load(device_);
+  return st.ok() ? st : Broken(st);
 }
 
 Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclComm_t* comm,
@@ -172,18 +232,22 @@ Status NcclCollectives::BeginCollective() {
 
 Status NcclCollectives::Flush() {
   if (batch_.n == 0) return Status::OK();
-  int rc = cuda::LaunchBatchedScaledCopy(batch_, stream_);
+  Status st = kernels_.LaunchBatchedScaledCopy(batch_, stream_);
   batch_.n = 0;
-  return Cuda(static_cast<cudaError_t>(rc), "the batched copy kernel");
+  return st.ok() ? st : Broken(st);
 }
 
 Status NcclCollectives::WaitStream(const char* what) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline =
+      start +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+  std::chrono::microseconds nap(20);
   while (true) {
     cudaError_t q = cudaStreamQuery(stream_);
-    if (q == cudaSuccess) return Status::OK();
-    if (q != cudaErrorNotReady) return Broken(Cuda(q, what));
+    if (q == cudaSuccess) return broken_;
+    if (q != cudaErrorNotReady) return Broken(CudaStatus(q, what, topo_.rank, device_));
     for (ncclComm_t c : {comm_, local_comm_}) {
       if (c == nullptr) continue;
       ncclResult_t async = ncclSuccess;
@@ -192,22 +256,33 @@ Status NcclCollectives::WaitStream(const char* what) {
         return Broken(NcclStatus(async, what, topo_.rank, device_, c));
       }
     }
-    // Small collectives finish within microseconds: spin (yielding) first,
-    // then sleep briefly so a long wait does not steal a core.
-    if (Clock::now() - start < std::chrono::microseconds(200)) {
+    const Clock::time_point now = Clock::now();
+    if (now > deadline) {
+      return Broken(Status::Aborted(
+          "tfhvd: rank " + std::to_string(topo_.rank) + " (GPU " + std::to_string(device_) +
+          "): " + what + " did not finish within " + std::to_string(static_cast<int>(timeout_s_)) +
+          " s (TFHVD_NCCL_TIMEOUT; the stall-shutdown time when set): a peer is gone, stuck, or "
+          "never joined the collective"));
+    }
+    // Small collectives finish within microseconds: yield first, then
+    // sleep, longer the longer the wait, so a long wait does not steal a core.
+    if (now - start < std::chrono::microseconds(200)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
   }
 }
 
 Status NcclCollectives::Synchronize() {
-  if (!broken_.ok()) return broken_;
-  if (device_ < 0) return Status::OK();
-  TFHVD_RETURN_IF_ERROR(EnsureDevice());
-  TFHVD_RETURN_IF_ERROR(Flush());
-  return WaitStream("a GPU collective");
+  if (device_ < 0 || stream_ == nullptr) return broken_;
+  // Even after an error, the stream is drained before the executor hands
+  // outputs back: queued work may still write them.
+  Status st = broken_.ok() ? EnsureDevice() : Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.ok() && broken_.ok()) st = Flush();
+  Status drained = WaitStream("a GPU collective");
+  return !broken_.ok() ? broken_ : (st.ok() ? drained : st);
 }
 
 Status NcclCollectives::WaitFor(const ReadyEvent& event) {
@@ -237,7 +312,21 @@ void* NcclCollectives::FusionBuffer(int64_t bytes) {
     }
     const int64_t mib = 1 << 20;
     const int64_t want = (bytes + mib - 1) / mib * mib;
-    if (st.ok()) st = Cuda(cudaMalloc(&fusion_, want), "allocating the GPU fusion buffer");
+    if (st.ok()) {
+      cudaError_t e = cudaMalloc(&fusion_, want);
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // not sticky: clear it
+        st = Broken(Status::Internal(
+            "tfhvd: rank " + std::to_string(topo_.rank) + " (GPU " + std::to_string(device_) +
+            "): out of GPU memory allocating the " + std::to_string(want >> 20) +
+            " MiB GPU fusion buffer. TensorFlow reserves nearly all GPU memory by default: set "
+            "TF_FORCE_GPU_ALLOW_GROWTH=true, or call "
+            "tf.config.experimental.set_memory_growth(gpu, True) for each GPU before the "
+            "first op; a smaller TFHVD_FUSION_THRESHOLD also shrinks this buffer"));
+      } else {
+        st = Cuda(e, "allocating the GPU fusion buffer");
+      }
+    }
     if (st.ok()) fusion_bytes_ = want;
   }
   return st.ok() ? fusion_ : nullptr;  // the error is sticky (Broken)
@@ -249,6 +338,14 @@ Status NcclCollectives::ScaledCopy(const void* src, void* dst, int64_t count, Da
   if (count == 0 || (factor == 1.0 && src == dst)) return Status::OK();
   if (src == nullptr || dst == nullptr) {
     return Broken(Status::Internal("tfhvd: internal error: a GPU copy with a null pointer"));
+  }
+  const int64_t bytes = count * DataTypeSize(dtype);
+  if (factor == 1.0 && bytes >= kMemcpyBytes) {
+    // A large plain copy: the copy engine path (after the queued copies, to
+    // keep the stream's order).
+    TFHVD_RETURN_IF_ERROR(Flush());
+    return Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
   }
   if (batch_.n == cuda::kMaxBatch) TFHVD_RETURN_IF_ERROR(Flush());
   batch_.tasks[batch_.n++] =
@@ -275,6 +372,44 @@ Status NcclCollectives::Allreduce(const void* send, void* recv, int64_t count, D
   }
   return Nccl(ncclAllReduce(send ? send : recv, recv, count, t, o, comm_, stream_),
               "ncclAllReduce", comm_);
+}
+
+Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t count,
+                                        DataType dtype, ReduceOp op, double post) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
+  const bool flat = !(hierarchical_ && topo_.homogeneous && peers_.local && peers_.cross);
+  const bool wide = dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  // float32/float64: PreMulSum, Sum(post * x_r) == post * Sum(x_r); 16-bit
+  // floats: only an exact average, as ncclAvg.
+  const bool premul = wide && post != 1.0;
+  const bool average = half && post == 1.0 / topo_.size;
+  if (flat && op == ReduceOp::kSum && (premul || average)) {
+    ncclDataType_t t;
+    ncclRedOp_t o;
+    TFHVD_RETURN_IF_ERROR(ReduceArgs(dtype, op, &t, &o));
+    TFHVD_RETURN_IF_ERROR(BeginCollective());
+    if (count == 0) return Status::OK();
+    const void* in = send ? send : recv;
+    if (average) {
+      return Nccl(ncclAllReduce(in, recv, count, t, ncclAvg, comm_, stream_),
+                  "ncclAllReduce (ncclAvg)", comm_);
+    }
+    // The scalar is read at enqueue time, and the op may be destroyed as
+    // soon as the call returned.
+    float f32 = static_cast<float>(post);
+    double f64 = post;
+    void* scalar = dtype == DataType::kFloat32 ? static_cast<void*>(&f32) : &f64;
+    ncclRedOp_t premul_op;
+    TFHVD_RETURN_IF_ERROR(
+        Nccl(ncclRedOpCreatePreMulSum(&premul_op, scalar, t, ncclScalarHostImmediate, comm_),
+             "ncclRedOpCreatePreMulSum", comm_));
+    ncclResult_t r = ncclAllReduce(in, recv, count, t, premul_op, comm_, stream_);
+    ncclRedOpDestroy(premul_op, comm_);
+    return Nccl(r, "ncclAllReduce (PreMulSum)", comm_);
+  }
+#endif
+  return Collectives::AllreduceScaled(send, recv, count, dtype, op, post);
 }
 
 Status NcclCollectives::HierarchicalAllreduce(const void* send, void* recv, int64_t count,

@@ -22,11 +22,17 @@
 // way over the local host collectives, on the first hierarchical allreduce.
 //
 // Errors: every CUDA and NCCL result is checked and carries the library's
-// message, the rank and the GPU.  While waiting, Synchronize() also polls
-// ncclCommGetAsyncError: when NCCL reports a failure (a peer died or lost
-// its connection) the communicators are aborted (ncclCommAbort), which ends
-// the stuck kernels, the op fails, and every later GPU collective fails at
-// once with the original error instead of hanging.
+// message, the rank and the GPU.  Every wait for the stream has a deadline
+// (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 600 s) and polls
+// ncclCommGetAsyncError.  A failure that only this rank sees (a lost peer,
+// a timeout, a GPU mismatch, out of memory, a launch error) ends the job
+// through the host transport's abort (MPI_Abort) with a message naming the
+// rank and the error: the peers may be waiting inside a collective this rank
+// will never join, and ncclCommAbort/ncclCommDestroy are collective within a
+// node, so the communicator is not touched on that path.  A one-rank job
+// keeps the error as a sticky value instead.  Even after an error the stream
+// is drained before outputs are handed back.  A clean shutdown drains the
+// stream, then calls ncclCommFinalize and ncclCommDestroy under the deadline.
 //
 // Hierarchical allreduce (Horovod's NCCLHierarchicalAllreduce): reduce-
 // scatter within the node over NCCL, allreduce of each rank's slice across
@@ -40,11 +46,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "../../core/backend.h"
-#include "../../cuda/gpu_kernels.h"
+#include "../../cuda/device_kernels.h"
 
 namespace tfhvd {
 
@@ -56,13 +63,15 @@ struct NcclPeers {
 
 class NcclCollectives : public Collectives {
  public:
-  NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical);
+  // `timeout_s`: the longest wait for device work (TFHVD_NCCL_TIMEOUT).
+  NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical, double timeout_s);
   ~NcclCollectives() override;
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
   // The GPU of the tensors about to be processed.  The first one binds this
-  // process to its GPU; tfhvd runs one GPU per process.
+  // process to its GPU; tfhvd runs one GPU per process.  kOwnDevice (a
+  // joined rank) keeps the bound GPU, or binds GPU local_rank % count.
   void Select(int device) { requested_ = device; }
 
   Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
@@ -81,6 +90,11 @@ class NcclCollectives : public Collectives {
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
+  // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op
+  // (NCCL >= 2.11); float16/bfloat16 averages: ncclAvg.  No separate
+  // scaling pass.  Integers keep Horovod's truncating scale pass.
+  Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
+                         double post) override;
   Status WaitFor(const ReadyEvent& event) override;
   Status Synchronize() override;
 
@@ -93,11 +107,17 @@ class NcclCollectives : public Collectives {
   Status BeginCollective();           // EnsureDevice + communicator + queued copies
   Status InitComm(Collectives* over, int nranks, int rank, ncclComm_t* comm, const char* what);
   Status Flush();                     // launches queued copies
-  Status WaitStream(const char* what);  // polls the stream and NCCL's async errors
+  // Polls the stream and NCCL's async errors until the stream drained, at
+  // most timeout_s_; returns broken_ once drained.
+  Status WaitStream(const char* what);
+  // Runs `work` (a blocking NCCL call that waits for peers); past the
+  // deadline a watchdog ends the job.
+  void WithDeadline(const char* what, const std::function<void()>& work);
   Status Nccl(ncclResult_t r, const char* what, ncclComm_t comm);
   Status Cuda(cudaError_t e, const char* what);
-  // Any failure but a deterministic argument check: aborts the
-  // communicators and makes the failure sticky.
+  // Any failure but a deterministic argument check (which every rank sees
+  // alike): with peers, ends the job (they may wait for this rank inside a
+  // collective); alone, makes the failure sticky.
   Status Broken(const Status& st);
   Status HierarchicalAllreduce(const void* send, void* recv, int64_t count, DataType dtype,
                                ncclDataType_t t, ncclRedOp_t o);
@@ -105,6 +125,7 @@ class NcclCollectives : public Collectives {
   Topology topo_;
   NcclPeers peers_;
   bool hierarchical_;
+  double timeout_s_;
   int requested_ = -1;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
@@ -117,6 +138,7 @@ class NcclCollectives : public Collectives {
   int64_t host_buf_bytes_ = 0;
   void* scratch_ = nullptr;           // barrier
   cuda::CopyBatch batch_;
+  cuda::DeviceKernels kernels_;       // the embedded copy/scale kernels
 };
 
 }  // namespace tfhvd
