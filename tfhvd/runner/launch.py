@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import hosts as hostlib
 from tfhvd.runner.args import (UsageError, parse_args, settings_env, split_mpi_args,
@@ -338,8 +338,10 @@ def choose_gloo(args: argparse.Namespace, env: Mapping[str, str],
     return bool(b.get("gloo")) and not (have_mpirun and b.get("mpi"))
 
 
-def run_gloo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Checks and runs a ``--gloo`` job (see :mod:`tfhvd.runner.gloo.job`)."""
+def run_gloo(args: argparse.Namespace, env: Mapping[str, str], **job: Any) -> int:
+    """Checks and runs a ``--gloo`` job (see :mod:`tfhvd.runner.gloo.job`);
+    ``job`` goes to ``run_gloo_job`` (stdout, stderr, on_line, tracker,
+    timeout)."""
     from tfhvd.runner.gloo.job import run_gloo_job
     from tfhvd.runner.gloo.workers import plan_slots
 
@@ -362,7 +364,7 @@ def run_gloo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                                    os.path.abspath(args.ssh_identity_file)
                                    if args.ssh_identity_file else None)
     return run_gloo_job(list(args.command), plan_slots(hosts, args.num_proc), env, extra, ssh,
-                        iface=iface, output_dir=_output_dir(args), verbose=args.verbose)
+                        iface=iface, output_dir=_output_dir(args), verbose=args.verbose, **job)
 
 
 def job_env(env: Mapping[str, str], args: argparse.Namespace) -> Dict[str, str]:

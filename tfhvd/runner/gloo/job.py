@@ -176,14 +176,17 @@ def run_gloo_job(command: Sequence[str], slots: Sequence[Slot], env: Mapping[str
                  extra_env: Mapping[str, str], ssh: Sequence[str],
                  iface: Optional[str] = None, output_dir: Optional[str] = None,
                  stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-                 timeout: Optional[float] = None, verbose: bool = False) -> int:
-    """Runs ``command`` once per slot and returns the job's exit code."""
+                 timeout: Optional[float] = None, verbose: bool = False,
+                 on_line: Optional[Callable[[Line], bool]] = None,
+                 tracker: Optional[FailureTracker] = None) -> int:
+    """Runs ``command`` once per slot and returns the job's exit code
+    (``on_line``, ``tracker`` and ``timeout`` as for ``launch.run_job``)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     hosts = sorted({s.hostname for s in slots})
     local = {h: is_local_host(h) for h in hosts}
     remote = [h for h in hosts if not local[h]]
-    tracker = FailureTracker()
-    sink = LineSink(out, err, tracker, None, output_dir)
+    tracker = tracker if tracker is not None else FailureTracker()
+    sink = LineSink(out, err, tracker, on_line, output_dir)
     job = GlooJob(sink, tracker, err)
     server = RendezvousServer("0.0.0.0" if remote else "127.0.0.1")
     port = server.start()
