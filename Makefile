@@ -110,6 +110,9 @@ test-parallel: setup
 # The parallel suite again under tfhvdrun --gloo (no mpirun).
 TFHVDRUN_GLOO := $(PY) -m tfhvd.runner --gloo
 test-parallel-gloo: setup
+	@echo "== core tests (no TensorFlow) under tfhvdrun --gloo: 2 and 3 processes"
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 $(BUILD_DIR)/tfhvd_core_test
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_core_test
 	@echo "== parallel tests under tfhvdrun --gloo -np 2"
 	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under tfhvdrun --gloo -np 3"
@@ -134,7 +137,7 @@ test-gloo-only: gloo-only-build
 	  echo "FAIL: the Gloo-only library links MPI"; exit 1; fi
 	@ldd $(GLOO_LIB) | grep -q libgloo || { echo "FAIL: the Gloo-only library does not link Gloo"; exit 1; }
 	$(GLOO_ONLY) $(PY) -P -m tfhvd.runner --check-build | grep -E '\[.\] (MPI|Gloo)'
-	$(TIMEOUT) $(GLOO_ONLY) $(PY) -P -m tfhvd.runner -np 2 $(GLOO_BUILD_DIR)/tfhvd_core_test
+	$(GLOO_ONLY) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 2 $(GLOO_BUILD_DIR)/tfhvd_core_test
 	$(GLOO_ONLY) $(TEST_ENV) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 2 tests/parallel/run_rank.sh \
 	  $(PY) -P -m pytest -q --color=no -p no:cacheprovider tests/parallel
 
