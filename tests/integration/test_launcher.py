@@ -280,5 +280,5 @@ def test_run_rejects_bad_arguments():
         tfhvd_run(where_am_i, args=(0,), np=2, hosts="localhost:1")
     with pytest.raises(TypeError, match="no elastic mode"):
         tfhvd_run(where_am_i, np=1, min_np=1)
-    with pytest.raises(ValueError, match="no Gloo"):
-        tfhvd_run(where_am_i, np=1, use_gloo=True)
+    with pytest.raises(ValueError, match="not both"):
+        tfhvd_run(where_am_i, np=1, use_gloo=True, use_mpi=True)

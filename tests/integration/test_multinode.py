@@ -163,10 +163,14 @@ def _job_env(cluster: Cluster) -> Dict[str, str]:
                       "TFHVD_TEST_PROBE": "forwarded"})
 
 
-def test_multinode_training_equals_single_host(cluster):
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_multinode_training_equals_single_host(cluster, backend):
+    # --gloo: tfhvdrun starts the remote ranks over ssh itself, Gloo's TCP
+    # transport pinned to the veth interface.
+    flags = ["--" + backend]
     script = [sys.executable, TRAIN, "--steps", "4", "--payload-kb", "4096"]
     before = {k: _counter(cluster.ns["hostB"], k) for k in ("rx_bytes", "tx_bytes")}
-    job = run(tfhvdrun() + ["-np", "4", "-H", "hostA:2,hostB:2",
+    job = run(tfhvdrun() + flags + ["-np", "4", "-H", "hostA:2,hostB:2",
                             "-p", str(SSH_PORT), "-i", cluster.key,
                             "--network-interface", IFNAME, "--start-timeout", "20"] + script,
               prefix=cluster.in_host("hostA", []), env=_job_env(cluster), timeout=300)
@@ -182,7 +186,7 @@ def test_multinode_training_equals_single_host(cluster):
     moved = {k: after[k] - before[k] for k in before}
     assert moved["rx_bytes"] > 4 * 2 ** 20 and moved["tx_bytes"] > 4 * 2 ** 20, moved
 
-    single = run(tfhvdrun() + ["-np", "4"] + script, env=clean_env(), timeout=300)
+    single = run(tfhvdrun() + flags + ["-np", "4"] + script, env=clean_env(), timeout=300)
     assert single.rc == 0, single.explain()
     one = result_line(single)
     assert one["size"] == 4
