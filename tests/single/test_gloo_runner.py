@@ -106,3 +106,12 @@ def test_rendezvous_server_put_get_wait_exclusive():
         assert srv.store.scopes() == {"s": 2}
         assert _request(p, "DELETE", "/s")[0] == 200
         assert srv.store.scopes() == {}
+
+
+def test_gloo_refuses_mpirun_only_flags():
+    from tfhvd.runner.launch import run_gloo
+
+    with pytest.raises(UsageError, match="without mpirun"):
+        run_gloo(_args("--gloo", "--mpi-args=--mca btl tcp"), {})
+    with pytest.raises(UsageError, match="not a subnet"):
+        run_gloo(_args("--gloo", "--network-interface", "10.0.0.0/24"), {"PATH": "/usr/bin"})
