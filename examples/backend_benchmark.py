@@ -3,8 +3,8 @@
     python examples/backend_benchmark.py -np 2 --rounds 3
 
 A process runs one backend, so the comparison is made of jobs: each round
-runs the same worker once under ``mpirun`` (MPI backend) and once under
-``tfhvdrun --gloo`` (Gloo backend), in alternating order (MPI first, then
+runs the same worker once under ``tfhvdrun --mpi`` (mpirun, MPI backend) and once
+under ``tfhvdrun --gloo`` (Gloo backend), in alternating order (MPI first, then
 Gloo first, ...), so both see the same machine drift.  Per round it takes
 the ratio Gloo/MPI of each figure and reports the median over rounds:
 
@@ -20,7 +20,6 @@ the ratio Gloo/MPI of each figure and reports the median over rounds:
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -70,13 +69,9 @@ def worker_allreduce(reps: int) -> None:
 
 
 def launcher(backend: str, np_: int) -> List[str]:
-    if backend == "mpi":
-        cmd = [shutil.which("mpirun") or "mpirun", "--oversubscribe", "--bind-to", "none",
-               "--mca", "btl_vader_single_copy_mechanism", "none", "-np", str(np_)]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        return cmd
-    return [sys.executable, "-m", "tfhvd.runner", "--gloo", "-np", str(np_)]
+    """Both jobs start as a user starts them: ``tfhvdrun --mpi`` (mpirun with
+    tfhvdrun's defaults) and ``tfhvdrun --gloo``."""
+    return [sys.executable, "-m", "tfhvd.runner", "--" + backend, "-np", str(np_)]
 
 
 def run_job(cmd: List[str]) -> str:
