@@ -165,6 +165,16 @@ def test_ranks_whose_environment_disagrees_fail_with_both_named():
     assert secs < 60
 
 
+def test_a_local_rank_that_contradicts_the_hosts_is_named():
+    rc, out, secs = _pair([{"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"},
+                           {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"}],
+                          INIT)
+    assert rc[0] != 0, out
+    assert "rank 0 was started with HOROVOD_LOCAL_RANK=1 but the job's hosts make it 0" in out[0], \
+        out[0]
+    assert rc[1] != 0 and secs < 60, out  # its peer is gone: it fails too, never hangs
+
+
 def test_two_processes_with_one_rank_are_refused():
     rc, out, _ = _pair([{"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"},
                         {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}], INIT)
