@@ -89,3 +89,16 @@ def test_reinit_cycles_do_not_leak():
     assert after[2] - before[2] < 30, "memory grew %.1f MB over %d re-inits" % (
         after[2] - before[2], CYCLES)
     assert hvd.size() >= 1 and hvd.is_initialized()
+
+
+@pytest.mark.skipif(not UNDER_GLOO, reason="only a job started by tfhvdrun --gloo")
+def test_reinit_on_a_scope_the_driver_names():
+    # An elastic driver names each world's rendezvous scope; re-using one
+    # would meet the previous world's keys, so a fresh name must be honoured.
+    try:
+        for i in range(3):
+            os.environ["HOROVOD_GLOO_SCOPE"] = "driver-round-%d" % i
+            _cycle(100 + i)
+    finally:
+        os.environ.pop("HOROVOD_GLOO_SCOPE", None)
+    _cycle(200)
