@@ -51,6 +51,16 @@ def test_output_is_tagged_and_env_is_passed(under_gloo):
         assert "[1,%d]<stdout>:probe %d passed" % (r, r) in job.out, job.explain()
 
 
+def test_output_filename_gets_each_ranks_lines(under_gloo, tmp_path):
+    code = "import os, sys; print('out', os.environ['HOROVOD_RANK']); print('err', file=sys.stderr)"
+    job = launch(["-np", "2", "--output-filename", str(tmp_path), sys.executable, "-c", code],
+                 timeout=60)
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        assert (tmp_path / ("rank.%d" % r) / "stdout").read_text() == "out %d\n" % r
+        assert "err\n" in (tmp_path / ("rank.%d" % r) / "stderr").read_text()
+
+
 def test_nonzero_exit_names_the_rank_and_ends_the_job(under_gloo):
     code = ("import os, sys, time\n"
             "if os.environ['HOROVOD_RANK'] == '2': sys.exit(7)\n"
