@@ -65,7 +65,7 @@ def library_ground_truth(path: str) -> Dict[str, bool]:
     """What the compiled library really links and holds, read from the file
     itself (``readelf``, ``nm -D``), not from the library's own report:
     ``mpi`` (needs libmpi and calls MPI), ``nccl`` (needs libnccl or holds NCCL
-    symbols), ``cuda`` (needs the CUDA runtime or embeds GPU kernels)."""
+    symbols), ``cuda`` (needs the CUDA runtime or embeds GPU kernels), ``gloo`` (needs libgloo)."""
     def out(*cmd: str) -> str:
         return subprocess.run(list(cmd), capture_output=True, text=True, check=True,
                               timeout=60).stdout
@@ -78,4 +78,5 @@ def library_ground_truth(path: str) -> Dict[str, bool]:
         "mpi": any(n.startswith("libmpi") for n in needed) and "MPI_Allreduce" in symbols,
         "nccl": any(n.startswith("libnccl") for n in needed) or "ncclAllReduce" in symbols,
         "cuda": any(n.startswith("libcudart") for n in needed) or ".nv_fatbin" in sections,
+        "gloo": any(n.startswith("libgloo") for n in needed),
     }

@@ -130,11 +130,21 @@ def test_np_larger_than_the_slots():
 
 
 def test_missing_mpirun_says_how_to_install_it(tmp_path):
+    from tfhvd.runner.launch import library_backends
+
     env = clean_env({"PATH": str(tmp_path)})
-    job = run([PY, "-m", "tfhvd.runner", "-np", "1", PY, "-c", "pass"], env=env, timeout=30)
+    job = run([PY, "-m", "tfhvd.runner", "--mpi", "-np", "1", PY, "-c", "pass"], env=env,
+              timeout=30)
     assert job.rc == 127, job.explain()
     assert "mpirun was not found on PATH" in job.err
     assert "apt-get install -y openmpi-bin" in job.err
+    # Without --mpi, a library with Gloo runs the job without mpirun (Horovod's default).
+    job = run([PY, "-m", "tfhvd.runner", "-np", "1", PY, "-c", "print('ran')"], env=env,
+              timeout=30)
+    if library_backends()["gloo"]:
+        assert job.rc == 0 and "[1,0]<stdout>:ran" in job.out, job.explain()
+    else:
+        assert job.rc == 127 and "mpirun was not found on PATH" in job.err, job.explain()
 
 
 def test_missing_script():
@@ -204,14 +214,16 @@ def test_check_build_is_truthful():
     assert os.path.isfile(path), path
     truth = library_ground_truth(path)
     assert truth["mpi"], truth  # this build uses MPI for CPU collectives
-    mpi, nccl, cuda = truth["mpi"], truth["nccl"], truth["cuda"]
+    mpi, nccl, cuda, gloo = truth["mpi"], truth["nccl"], truth["cuda"], truth["gloo"]
     mark = {True: "[X]", False: "[ ]"}
     assert "tfhvd v" in text
     assert "[X] TensorFlow" in text
     assert "[ ] PyTorch" in text and "[ ] MXNet" in text
-    assert "%s MPI" % mark[mpi] in text.split("Available Controllers:")[1].split("\n\n")[0]
+    controllers = text.split("Available Controllers:")[1].split("\n\n")[0]
+    assert "%s MPI" % mark[mpi] in controllers and "%s Gloo" % mark[gloo] in controllers
     ops = text.split("Available Tensor Operations:")[1].split("\n\n")[0]
     assert "%s NCCL" % mark[nccl] in ops and "%s MPI" % mark[mpi] in ops
+    assert "%s Gloo" % mark[gloo] in ops
     assert "%s built with CUDA" % mark[cuda] in text
     driver = os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda") is not None
     gpus = len([p for p in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", p)])
@@ -290,5 +302,5 @@ def test_run_rejects_bad_arguments():
         tfhvd_run(where_am_i, args=(0,), np=2, hosts="localhost:1")
     with pytest.raises(TypeError, match="no elastic mode"):
         tfhvd_run(where_am_i, np=1, min_np=1)
-    with pytest.raises(ValueError, match="no Gloo"):
-        tfhvd_run(where_am_i, np=1, use_gloo=True)
+    with pytest.raises(ValueError, match="not both"):
+        tfhvd_run(where_am_i, np=1, use_gloo=True, use_mpi=True)

@@ -103,10 +103,11 @@ def test_build_info_and_version():
 
     truth = library_ground_truth(library.library_path())
     # This CPU build links MPI and neither NCCL nor CUDA; the report must say so.
-    assert truth == {"mpi": True, "nccl": False, "cuda": False}, truth
+    # make setup installs libgloo-dev, so the library links Gloo too.
+    assert truth == {"mpi": True, "nccl": False, "cuda": False, "gloo": True}, truth
     assert hvd.mpi_built() is True and hvd.mpi_enabled()
     assert hvd.nccl_built() is False and hvd.cuda_built() is False
-    assert not hvd.gloo_built()
+    assert hvd.gloo_built() is True
     assert tfhvd.__version__ == hvd.__version__
     assert tfhvd.__version__.count(".") == 2
     assert issubclass(hvd.HorovodInternalError, RuntimeError)

@@ -26,6 +26,7 @@ class BuildInfo:
     tensorflow_version: Optional[str] = None
     keras: bool = False
     mpi: bool = False
+    gloo: bool = False
     nccl: bool = False
     cuda_built: bool = False
     cuda_driver: bool = False
@@ -53,6 +54,7 @@ def gather() -> BuildInfo:
         library.load()
         info.library = library.library_path()
         info.mpi = basics.mpi_built()
+        info.gloo = basics.gloo_built()
         info.nccl = basics.nccl_built()
         info.cuda_built = basics.cuda_built()
         info.gpu_code = basics.gpu_code_info()
@@ -90,14 +92,14 @@ def render(info: BuildInfo) -> str:
         "",
         "Available Controllers:",
         "    %s MPI" % _mark(info.mpi),
-        "    %s Gloo" % _mark(False),
+        "    %s Gloo" % _mark(info.gloo),
         "",
         "Available Tensor Operations:",
         "    %s NCCL" % _mark(info.nccl),
         "    %s DDL" % _mark(False),
         "    %s CCL" % _mark(False),
         "    %s MPI" % _mark(info.mpi),
-        "    %s Gloo" % _mark(False),
+        "    %s Gloo" % _mark(info.gloo),
         "",
         "CUDA:",
         "    %s built with CUDA" % _mark(info.cuda_built),

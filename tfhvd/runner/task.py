@@ -43,8 +43,8 @@ def decode(text: str) -> Any:
 
 
 def world_rank() -> int:
-    """This process's rank from the MPI launcher's environment."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+    """This process's rank from the launcher's environment (mpirun or tfhvdrun --gloo)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0
