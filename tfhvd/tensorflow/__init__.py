@@ -13,7 +13,8 @@ from tfhvd.common.basics import (ProcessSet, ccl_built, cross_rank, cross_size, 
                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                  rocm_built, settings, shutdown, size, start_timeline,
                                  stop_timeline)
-from tfhvd.common.exceptions import HorovodInternalError, TfhvdInternalError
+from tfhvd.common.exceptions import (HorovodInternalError, HostsUpdatedInterrupt,
+                                     TfhvdInternalError)
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from tfhvd.tensorflow.gradient_tape import (DistributedGradientTape, allreduce,
@@ -25,8 +26,11 @@ from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, a
                                       rank_op, size_op)
 from tfhvd.version import __version__
 
+from tfhvd.tensorflow import elastic  # noqa: E402  (hvd.elastic.run, as in Horovod)
+
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "elastic",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
     "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",

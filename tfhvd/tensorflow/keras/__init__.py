@@ -23,7 +23,8 @@ import tensorflow as tf
 from tfhvd._keras import api as _api
 from tfhvd._keras.api import DistributedOptimizer, PartialDistributedOptimizer
 from tfhvd.tensorflow import (Adasum, Average, Compression, DistributedGradientTape,
-                              HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                              HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                              ProcessSet, Product, Sum,
                               TfhvdInternalError, __version__, allgather, allgather_object,
                               allreduce, alltoall, barrier, broadcast, broadcast_object,
                               broadcast_variables, cross_rank, cross_size, global_process_set,
@@ -56,10 +57,12 @@ def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None
 
 
 from tfhvd.tensorflow.keras import callbacks  # noqa: E402  (hvd.callbacks.X, as in Horovod)
+from tfhvd.tensorflow.keras import elastic  # noqa: E402  (hvd.elastic.X, as in Horovod)
 
 __all__ = [
     "Adasum", "Average", "BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
     "Compression", "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "elastic",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback", "Max",
     "MetricAverageCallback", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product",
     "Sum", "SyncBatchNormalization", "TfhvdInternalError", "__version__", "allgather",
