@@ -119,12 +119,15 @@ class ElasticDriver:
         to :meth:`worker_exited`).
       timeout: the elastic timeout (seconds) for slots and for stragglers.
       reset_limit: resets allowed (None: any number).
+      world_env(world): variables every worker of ``world`` needs (its data
+        plane's rendezvous scope); sent to workers that join it by a reset.
     """
 
     def __init__(self, hosts: HostManager, np: int, min_np: int, max_np: Optional[int],
                  spawn: Callable[[str, World], None], terminate: Callable[[str], None],
                  timeout: float = ELASTIC_TIMEOUT_S, reset_limit: Optional[int] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 world_env: Optional[Callable[[World], Dict[str, str]]] = None) -> None:
         if min_np < 1 or np < min_np or (max_np is not None and max_np < np):
             raise ValueError("elastic job needs 1 <= --min-np (%d) <= -np (%d) <= --max-np (%s)"
                              % (min_np, np, max_np))
@@ -134,6 +137,7 @@ class ElasticDriver:
         self.timeout = timeout
         self.reset_limit = reset_limit
         self.clock = clock
+        self.world_env = world_env
         self.cond = threading.Condition()
         self.world: Optional[World] = None
         self.states: Dict[str, str] = {}      # worker -> state in the current round
@@ -169,7 +173,7 @@ class ElasticDriver:
         self.done = True
         self.error = error
         if error:
-            log.error(error)
+            log.info(error)
             for w, st in self.states.items():
                 if st == RUNNING:
                     self.terminate(w)
@@ -258,7 +262,8 @@ class ElasticDriver:
             self._round_changed()
 
     def _answer(self, world: World, wid: str) -> Dict:
-        return dict(world.info[wid], round=world.round, fresh=world.fresh)
+        env = self.world_env(world) if self.world_env is not None else {}
+        return dict(world.info[wid], round=world.round, fresh=world.fresh, env=env)
 
     def _end_answer(self) -> Dict:
         return {"action": "abort", "message": self.error or "tfhvd elastic: the job has ended"}

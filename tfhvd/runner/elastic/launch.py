@@ -64,7 +64,6 @@ class ElasticJob:
         self.out = stdout or sys.stdout
         self.err = stderr or sys.stderr
         self.on_line = on_line
-        self.world_env = world_env
         self.procs: Dict[str, subprocess.Popen] = {}
         self.pumps: List[threading.Thread] = []
         self.lock = threading.Lock()
@@ -73,7 +72,8 @@ class ElasticJob:
         self.driver = ElasticDriver(
             self.hosts, np=args.num_proc, min_np=args.min_num_proc or args.num_proc,
             max_np=args.max_num_proc, spawn=self._spawn, terminate=self._terminate,
-            timeout=elastic_timeout(args, self.env), reset_limit=args.reset_limit)
+            timeout=elastic_timeout(args, self.env), reset_limit=args.reset_limit,
+            world_env=world_env)
         self.service = ElasticService(self.driver)
         self.addr = "%s:%d" % (_driver_addr(self.env), self.service.port)
 
@@ -89,8 +89,8 @@ class ElasticJob:
         for key in wk.TOPOLOGY_ENV:
             env["HOROVOD_" + key.upper()] = env["TFHVD_" + key.upper()] = str(info[key])
         env[wk.ROUND_ENV] = str(world.round)
-        if self.world_env is not None:
-            env.update(self.world_env(world))
+        if self.driver.world_env is not None:
+            env.update(self.driver.world_env(world))
         return env
 
     def _command(self, wid: str, env: Dict[str, str]) -> List[str]:

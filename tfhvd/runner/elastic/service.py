@@ -57,13 +57,21 @@ class ElasticService:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker exited (or reset) while it waited
 
             def log_message(self, fmt: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((addr, 0), Handler)
-        self.server.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a worker that went away mid-request is not news
+
+        self.server = Server((addr, 0), Handler)
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
                                         name="tfhvd-elastic-service")
