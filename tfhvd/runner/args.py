@@ -93,9 +93,10 @@ def make_parser() -> argparse.ArgumentParser:
                               "without ':slots'.")
     elastic.add_argument("--reset-limit", dest="reset_limit", type=_non_negative(int),
                          help="Elastic: stop the job after this many resets.")
-    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs="+",
-                         help="Elastic: LOW HIGH (or LOW,HIGH) seconds; a blacklisted host may "
-                              "return after a cooldown between them (default: never).")
+    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
+                         metavar=("LOW", "HIGH"),
+                         help="Elastic: seconds; a blacklisted host may return after a "
+                              "cooldown between them (default: never).")
     elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=_positive_int,
                          help="Elastic: seconds to wait for enough slots, and for workers to "
                               "reach a reset (default $HOROVOD_ELASTIC_TIMEOUT or 600).")

@@ -36,7 +36,9 @@ def elastic_argv(np: int, hosts: Optional[str], elastic: Mapping[str, Any],
         if value is None:
             continue
         if key == "cooldown_range":
-            value = ",".join(str(v) for v in value) if not isinstance(value, str) else value
+            low, high = value.split(",") if isinstance(value, str) else value
+            argv += [_FLAGS[key], str(low), str(high)]
+            continue
         argv += [_FLAGS[key], str(value)]
     return argv + ["--"] + list(command)
 

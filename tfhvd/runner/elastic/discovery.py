@@ -96,7 +96,7 @@ class FixedHosts(HostDiscovery):
 
 
 def parse_cooldown_range(text: Optional[str]) -> Optional[Tuple[int, int]]:
-    """``LOW,HIGH`` seconds (``--blacklist-cooldown-range``), or None."""
+    """``LOW,HIGH`` seconds (``--blacklist-cooldown-range LOW HIGH``), or None."""
     if text is None or text == "":
         return None
     parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]

@@ -127,7 +127,8 @@ class ElasticDriver:
                  spawn: Callable[[str, World], None], terminate: Callable[[str], None],
                  timeout: float = ELASTIC_TIMEOUT_S, reset_limit: Optional[int] = None,
                  clock: Callable[[], float] = time.monotonic,
-                 world_env: Optional[Callable[[World], Dict[str, str]]] = None) -> None:
+                 world_env: Optional[Callable[[World], Dict[str, str]]] = None,
+                 notice: Optional[Callable[[str], None]] = None) -> None:
         if min_np < 1 or np < min_np or (max_np is not None and max_np < np):
             raise ValueError("elastic job needs 1 <= --min-np (%d) <= -np (%d) <= --max-np (%s)"
                              % (min_np, np, max_np))
@@ -138,6 +139,7 @@ class ElasticDriver:
         self.reset_limit = reset_limit
         self.clock = clock
         self.world_env = world_env
+        self.notice = notice or log.warning
         self.cond = threading.Condition()
         self.world: Optional[World] = None
         self.states: Dict[str, str] = {}      # worker -> state in the current round
@@ -256,8 +258,9 @@ class ElasticDriver:
             else:
                 self.states[wid] = FAILED
                 host = split_id(wid)[0]
-                log.warning("worker %s failed with exit code %d: blacklisting host %s",
-                            wid, code, host)
+                how = "was killed by signal %d" % -code if code < 0 else \
+                    "failed with exit code %d" % code
+                self.notice("worker %s %s: blacklisting host %s" % (wid, how, host))
                 self.hosts.blacklist(host)
             self._round_changed()
 
@@ -336,7 +339,10 @@ class ElasticDriver:
         self._broken_at = None
         self.update = HostUpdateResult.no_update
         self.sizes.append(len(members))
-        log.info("round %d: %d workers %s", world.round, len(members), members)
+        if prev is not None:
+            self.notice("round %d: %d worker%s %s" % (world.round, len(members),
+                                                     "" if len(members) == 1 else "s",
+                                                     ", ".join(members)))
         for w in new:
             self.spawn(w, world)
         self.cond.notify_all()
@@ -353,7 +359,7 @@ class ElasticDriver:
             return
         for w, st in list(self.states.items()):
             if st == RUNNING:
-                log.error("worker %s did not reach the reset within %g s: stopping it",
-                          w, self.timeout)
+                self.notice("worker %s did not reach the reset within %g s: stopping it"
+                            % (w, self.timeout))
                 self.terminate(w)
         self._broken_at = self.clock()

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, Dict, List, Mapping, Optional, TextIO
 
 from tfhvd.runner import hosts as hostlib
@@ -28,6 +29,7 @@ from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDrive
 from tfhvd.runner.elastic.service import ElasticService
 
 TERMINATE_GRACE_S = 5.0
+EXIT_GRACE_S = 3.0
 # Hook for the data plane: extra variables every worker of a world gets (the
 # Gloo rendezvous of that round).  Set by the backend's launcher module.
 WorldEnv = Callable[[World], Dict[str, str]]
@@ -73,9 +75,14 @@ class ElasticJob:
             self.hosts, np=args.num_proc, min_np=args.min_num_proc or args.num_proc,
             max_np=args.max_num_proc, spawn=self._spawn, terminate=self._terminate,
             timeout=elastic_timeout(args, self.env), reset_limit=args.reset_limit,
-            world_env=world_env)
+            world_env=world_env, notice=self._notice)
         self.service = ElasticService(self.driver)
         self.addr = "%s:%d" % (_driver_addr(self.env), self.service.port)
+
+    def _notice(self, text: str) -> None:
+        with self.write_lock:
+            self.err.write("tfhvdrun: %s\n" % text)
+            self.err.flush()
 
     # ---- workers ----------------------------------------------------------
     def worker_env(self, wid: str, world: World) -> Dict[str, str]:
@@ -200,6 +207,14 @@ class ElasticJob:
     def _stop_all(self) -> None:
         with self.lock:
             procs = list(self.procs.items())
+        # Workers that were told the job ended exit by themselves; give them
+        # a moment to say why before stopping what is left.
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for _, proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         for wid, _ in procs:
             self._terminate(wid)
         for _, proc in procs:
