@@ -23,7 +23,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi demo test test-core test-single test-parallel test-integration clean \
+.PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test test-core test-single test-parallel test-integration clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -42,7 +42,7 @@ GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_O
 GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
 	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py')
 
-setup: mpi $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
+setup: mpi gloo $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
 mpi:
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then \
@@ -52,6 +52,19 @@ mpi:
 	      openmpi-bin libopenmpi-dev >/dev/null; \
 	  else \
 	    echo "OpenMPI is missing: run 'sudo apt-get install -y openmpi-bin libopenmpi-dev'"; exit 1; \
+	  fi; \
+	fi
+
+# Gloo (Debian's libgloo-dev: headers, libgloo.so, CMake config), the second
+# CPU backend (tfhvdrun --gloo).
+gloo:
+	@if [ ! -f /usr/share/cmake/Gloo/GlooConfig.cmake ] && [ ! -f /usr/lib/cmake/Gloo/GlooConfig.cmake ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "== installing Gloo from Debian packages"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      libgloo-dev >/dev/null; \
+	  else \
+	    echo "Gloo is missing (tfhvd builds without it): run 'sudo apt-get install -y libgloo-dev'"; \
 	  fi; \
 	fi
 
@@ -75,7 +88,7 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 demo: setup
 	$(MPIRUN) -np 2 $(PY) examples/keras_mnist.py --epochs 5
 
-test: setup test-core test-single test-parallel test-integration test-gpu-build docker-check
+test: setup test-core test-single test-parallel test-gloo test-integration test-gpu-build docker-check
 	@echo "== all tests passed"
 
 test-core: setup
@@ -93,6 +106,39 @@ test-parallel: setup
 	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under mpirun -np 3"
 	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+
+# The parallel suite again under tfhvdrun --gloo (no mpirun).
+TFHVDRUN_GLOO := $(PY) -m tfhvd.runner --gloo
+test-parallel-gloo: setup
+	@echo "== parallel tests under tfhvdrun --gloo -np 2"
+	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+	@echo "== parallel tests under tfhvdrun --gloo -np 3"
+	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+
+# The Gloo-only variant (TFHVD_WITHOUT_MPI=1), built in its own folder like
+# the GPU variant: ldd must show no MPI, and it passes the core test and the
+# parallel suite (-P: the source tree's tfhvd/ must not shadow it).
+GLOO_BUILD_DIR ?= build-gloo
+GLOO_LIB := $(GLOO_BUILD_DIR)/lib/tfhvd/tfhvd_ops.so
+GLOO_ONLY := PYTHONPATH=$(abspath $(GLOO_BUILD_DIR))/lib
+gloo-only-build: setup $(GLOO_LIB)
+$(GLOO_LIB): $(NATIVE_SOURCES) setup.py $(DEPS_STAMP)
+	@echo "== building the Gloo-only variant in $(GLOO_BUILD_DIR) (TFHVD_WITHOUT_MPI=1)"
+	TFHVD_WITHOUT_MPI=1 TFHVD_BUILD_DIR=$(abspath $(GLOO_BUILD_DIR)) $(PY) setup.py -q \
+	  build_py -d $(GLOO_BUILD_DIR)/lib build_ext -b $(GLOO_BUILD_DIR)/lib -t $(GLOO_BUILD_DIR)/setuptools-tmp
+	@touch $@
+
+test-gloo-only: gloo-only-build
+	@echo "== Gloo-only variant: no MPI linked, core test and parallel suite under tfhvdrun --gloo"
+	@if ldd $(GLOO_LIB) $(GLOO_BUILD_DIR)/tfhvd_core_test | grep -i 'libmpi'; then \
+	  echo "FAIL: the Gloo-only library links MPI"; exit 1; fi
+	@ldd $(GLOO_LIB) | grep -q libgloo || { echo "FAIL: the Gloo-only library does not link Gloo"; exit 1; }
+	$(GLOO_ONLY) $(PY) -P -m tfhvd.runner --check-build | grep -E '\[.\] (MPI|Gloo)'
+	$(TIMEOUT) $(GLOO_ONLY) $(PY) -P -m tfhvd.runner -np 2 $(GLOO_BUILD_DIR)/tfhvd_core_test
+	$(GLOO_ONLY) $(TEST_ENV) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 2 tests/parallel/run_rank.sh \
+	  $(PY) -P -m pytest -q --color=no -p no:cacheprovider tests/parallel
+
+test-gloo: test-parallel-gloo test-gloo-only
 
 # Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
 # multi-node (two network namespaces with sshd; needs root, else it skips).
@@ -145,4 +191,4 @@ docker-check: $(DEPS_STAMP)
 	PYTHON=$(PY) TFHVD_GPU=0 docker/install_python_deps.sh
 
 clean:
-	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR) $(LIB) *.egg-info
+	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR) $(GLOO_BUILD_DIR) $(LIB) *.egg-info

@@ -57,6 +57,24 @@ def gpu_cmake_args(tf) -> list:
     return cfg.cmake_args()
 
 
+def _flag(env, *names: str) -> bool:
+    return any(env.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in names)
+
+
+def backend_cmake_args(env) -> list:
+    """CPU backends: TFHVD_WITHOUT_MPI/TFHVD_WITHOUT_GLOO=1 leave one out,
+    TFHVD_WITH_MPI/TFHVD_WITH_GLOO=1 require one (Horovod's HOROVOD_* names
+    work too); otherwise CMake builds whichever is installed."""
+    args = []
+    for name in ("MPI", "GLOO"):
+        without = _flag(env, "TFHVD_WITHOUT_" + name, "HOROVOD_WITHOUT_" + name)
+        with_ = _flag(env, "TFHVD_WITH_" + name, "HOROVOD_WITH_" + name)
+        if without and with_:
+            sys.exit("tfhvd: both TFHVD_WITH_%s and TFHVD_WITHOUT_%s are set" % (name, name))
+        args.append("-DTFHVD_WITH_%s=%s" % (name, "OFF" if without else "ON" if with_ else "AUTO"))
+    return args
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -77,12 +95,6 @@ class CMakeBuild(build_ext):
                 "Install it first: %s -m pip install tensorflow==2.21.0\n"
                 "(`make setup` does the whole set-up for you)." % (sys.executable, sys.executable)
             )
-        if shutil.which("mpicc") is None:
-            sys.exit(
-                "tfhvd: MPI was not found (no `mpicc` on PATH).\n"
-                "Install OpenMPI: sudo apt-get install -y openmpi-bin libopenmpi-dev\n"
-                "(`make setup` installs it for you when run as root)."
-            )
         build_dir = os.environ.get("TFHVD_BUILD_DIR", os.path.join(ROOT, "build"))
         target = os.path.abspath(self.get_ext_fullpath(ext.name))
         os.makedirs(build_dir, exist_ok=True)
@@ -94,7 +106,7 @@ class CMakeBuild(build_ext):
             "-DTF_LINK_FLAGS=" + lflags,
             "-DTFHVD_OUTPUT_DIR=" + build_dir,
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("TFHVD_BUILD_TYPE", "Release"),
-        ] + gpu_cmake_args(tf)
+        ] + gpu_cmake_args(tf) + backend_cmake_args(os.environ)
         stamp = os.path.join(build_dir, "tfhvd-configure-args")
         old = open(stamp).read() if os.path.exists(stamp) else None
         if old != "\n".join(args) or not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):

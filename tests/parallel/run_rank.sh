@@ -2,7 +2,7 @@
 # Runs one rank of a parallel test command under mpirun.  Rank 0 prints to the
 # terminal; the other ranks write to a log that is shown only if they fail, so
 # the output ends with rank 0's pytest summary.
-rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}"
+rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${HOROVOD_RANK:-0}}}"
 if [ "$rank" = 0 ]; then
   exec "$@"
 fi

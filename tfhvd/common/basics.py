@@ -48,7 +48,9 @@ def init(
       process_sets: Horovod's argument; only the global process set exists in
         tfhvd, so anything but ``None`` or an empty list raises.
 
-    A program started without ``mpirun`` runs as a job of size 1.
+    A program started without ``mpirun`` or ``tfhvdrun --gloo`` runs as a job
+    of size 1.  Under Gloo, ``shutdown()`` then ``init()`` rebuilds the world
+    in the same process (a fresh rendezvous scope each time).
     """
     global _atexit_registered, _initialized
     if process_sets not in (None, [], ()):
@@ -153,13 +155,14 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_built() -> bool:
-    """Whether this build has the MPI backend (always true)."""
+    """Whether this build has the MPI backend."""
     return bool(library.capi().tfhvd_mpi_built())
 
 
 def mpi_enabled() -> bool:
-    """Whether MPI is the controller in use (always true for tfhvd)."""
-    return mpi_built()
+    """Whether MPI is the backend in use (before ``init()``: whether it is built)."""
+    gloo = library.capi().tfhvd_gloo_enabled()
+    return mpi_built() if gloo < 0 else gloo == 0
 
 
 def nccl_built() -> bool:
@@ -173,13 +176,14 @@ def cuda_built() -> bool:
 
 
 def gloo_built() -> bool:
-    """Horovod compatibility: tfhvd has no Gloo controller."""
-    return False
+    """Whether this build has the Gloo backend (``tfhvdrun --gloo``)."""
+    return bool(library.capi().tfhvd_gloo_built())
 
 
 def gloo_enabled() -> bool:
-    """Horovod compatibility: tfhvd has no Gloo controller."""
-    return False
+    """Whether Gloo is the backend in use (before ``init()``: whether it is built)."""
+    gloo = library.capi().tfhvd_gloo_enabled()
+    return gloo_built() if gloo < 0 else gloo == 1
 
 
 def rocm_built() -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextI
 from tfhvd.runner import task
 from tfhvd.runner.args import UsageError, parse_args
 from tfhvd.runner.hosts import HostError
-from tfhvd.runner.launch import LaunchError, job_env, prepare, run_job
+from tfhvd.runner.launch import LaunchError, choose_gloo, job_env, prepare, run_gloo, run_job
 from tfhvd.runner.output import FailureTracker, Line
 
 # Above this the function travels in a file (which remote hosts must share).
@@ -143,7 +143,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
     ``output_filename``, ``verbose``; ``env`` replaces the environment the
     ranks start from (default: this process's); ``executable`` is the Python
     to run on the ranks (default: this one); after ``timeout`` seconds the
-    job is stopped.
+    job is stopped.  ``use_gloo=True`` runs it without MPI (``tfhvdrun
+    --gloo``), ``use_mpi=True`` under mpirun; neither: tfhvdrun's default.
 
     Raises :class:`RunError` naming the rank that failed first (its
     traceback in ``remote_traceback``), or ``ValueError`` for arguments that
@@ -156,11 +157,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
         return run_elastic_fn(fn, args, kwargs, np=np, hosts=hosts, env=env,
                               executable=executable, timeout=timeout, stdout=stdout,
                               stderr=stderr, verbose=verbose, **elastic)
-    if use_gloo:
-        raise ValueError("tfhvd.run(use_gloo=True): tfhvd has no Gloo controller; it runs "
-                         "over MPI")
-    if use_mpi is False:
-        raise ValueError("tfhvd.run(use_mpi=False): MPI is the only controller tfhvd has")
+    if use_gloo and use_mpi:
+        raise ValueError("tfhvd.run(): give use_gloo=True or use_mpi=True, not both")
     if not callable(fn):
         raise TypeError("tfhvd.run() needs a function, got %r" % (fn,))
     base_env = dict(os.environ if env is None else env)
@@ -171,8 +169,17 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
                    mpi_args=mpi_args, output_filename=output_filename,
                    disable_cache=disable_cache, verbose=verbose)
     argv = _launcher_argv(np, hosts, hostfile, options, command)
+    if use_gloo or use_mpi:
+        argv.insert(0, "--gloo" if use_gloo else "--mpi")
     try:
         try:
+            parsed = parse_args(argv)
+            gloo = choose_gloo(parsed, base_env) if use_gloo or not use_mpi else False
+            if gloo:
+                collector, tracker = _Collector(), FailureTracker()
+                code = run_gloo(parsed, base_env, stdout=stdout, stderr=stderr,
+                                on_line=collector, tracker=tracker, timeout=timeout)
+                return _results(collector, tracker, np, code)
             cmd = prepare(argv, base_env)
         except (UsageError, HostError) as e:
             raise ValueError("tfhvd.run(): %s" % e) from None
@@ -182,7 +189,6 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
             print("tfhvd.run(): " + " ".join(cmd), file=stderr or sys.stderr, flush=True)
         collector = _Collector()
         tracker = FailureTracker()
-        parsed = parse_args(argv)
         code = run_job(cmd, job_env(base_env, parsed), stdout=stdout, stderr=stderr,
                        on_line=collector, tracker=tracker, timeout=timeout,
                        output_dir=os.path.abspath(output_filename) if output_filename else None)

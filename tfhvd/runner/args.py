@@ -75,10 +75,12 @@ def make_parser() -> argparse.ArgumentParser:
     launch.add_argument("--mpi-args", dest="mpi_args", default="",
                         help="Extra mpirun arguments, e.g. --mpi-args=\"--mca btl tcp,self\".")
     launch.add_argument("--mpi", dest="use_mpi", action="store_true",
-                        help="Use MPI (the only controller tfhvd has; accepted for horovodrun "
-                             "compatibility).")
+                        help="Run the job with mpirun and the MPI backend (the default when "
+                             "mpirun is installed and the library has MPI).")
     launch.add_argument("--gloo", dest="use_gloo", action="store_true",
-                        help=argparse.SUPPRESS)
+                        help="Run the job without MPI: tfhvdrun starts the ranks itself "
+                             "(locally or over ssh) and they meet through its rendezvous "
+                             "server over Gloo.")
 
     elastic = p.add_argument_group("elastic")
     elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=_positive_int,
@@ -164,9 +166,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = make_parser().parse_args(list(argv) if argv is not None else None)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
-    if args.use_gloo:
-        raise UsageError("--gloo: tfhvd has no Gloo controller; it always runs over MPI "
-                         "(drop --gloo)")
+    if args.use_gloo and args.use_mpi:
+        raise UsageError("give --gloo or --mpi, not both")
     if args.check_build:
         return args
     if args.hosts and args.hostfile:

@@ -26,6 +26,7 @@ class BuildInfo:
     tensorflow_version: Optional[str] = None
     keras: bool = False
     mpi: bool = False
+    gloo: bool = False
     nccl: bool = False
     cuda_built: bool = False
     cuda_driver: bool = False
@@ -52,6 +53,7 @@ def gather() -> BuildInfo:
         library.load()
         info.library = library.library_path()
         info.mpi = basics.mpi_built()
+        info.gloo = basics.gloo_built()
         info.nccl = basics.nccl_built()
         info.cuda_built = basics.cuda_built()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
@@ -88,14 +90,14 @@ def render(info: BuildInfo) -> str:
         "",
         "Available Controllers:",
         "    %s MPI" % _mark(info.mpi),
-        "    %s Gloo" % _mark(False),
+        "    %s Gloo" % _mark(info.gloo),
         "",
         "Available Tensor Operations:",
         "    %s NCCL" % _mark(info.nccl),
         "    %s DDL" % _mark(False),
         "    %s CCL" % _mark(False),
         "    %s MPI" % _mark(info.mpi),
-        "    %s Gloo" % _mark(False),
+        "    %s Gloo" % _mark(info.gloo),
         "",
         "CUDA:",
         "    %s built with CUDA" % _mark(info.cuda_built),

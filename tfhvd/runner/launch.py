@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import hosts as hostlib
 from tfhvd.runner.args import (UsageError, is_elastic, parse_args, settings_env,
                                split_mpi_args, start_timeout)
 from tfhvd.runner.hosts import HostError, HostSlots
-from tfhvd.runner.output import Demux, FailureTracker, Line
+from tfhvd.runner.output import Demux, FailureTracker, Line, LineSink
 
 # Variables every rank gets from the launcher's environment, by name or prefix.
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
@@ -244,39 +244,17 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
     proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig,
                             start_new_session=True)
-    write_lock = threading.Lock()
-    files: Dict[Tuple[int, str], TextIO] = {}
+    sink = LineSink(out, err, tracker, on_line, output_dir)
 
-    def save(line: Line) -> None:
-        key = (line.rank, "stderr" if line.stream == "stderr" else "stdout")
-        f = files.get(key)
-        if f is None:
-            d = os.path.join(output_dir, "rank.%d" % line.rank)
-            os.makedirs(d, exist_ok=True)
-            f = files[key] = open(os.path.join(d, key[1]), "w")
-        f.write(line.text + "\n")
-        f.flush()
-
-    def pump(pipe, sink: TextIO, name: str) -> None:
+    def pump(pipe, name: str) -> None:
         demux = Demux(name)
         for raw in iter(pipe.readline, b""):
-            _emit(demux.feed(raw.decode(errors="replace")), sink)
-        _emit(demux.flush(), sink)
+            sink.emit(demux.feed(raw.decode(errors="replace")), name)
+        sink.emit(demux.flush(), name)
         pipe.close()
 
-    def _emit(lines: List[Line], sink: TextIO) -> None:
-        for line in lines:
-            tracker.feed(line)
-            if on_line is not None and on_line(line):
-                continue
-            with write_lock:
-                sink.write(line.render())
-                sink.flush()
-                if output_dir and line.rank is not None:
-                    save(line)
-
-    readers = [threading.Thread(target=pump, args=(proc.stdout, out, "stdout"), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, err, "stderr"), daemon=True)]
+    readers = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
     for t in readers:
         t.start()
     previous = {}
@@ -304,8 +282,7 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
             signal.signal(s, h)
     for t in readers:
         t.join(timeout=10)
-    for f in files.values():
-        f.close()
+    sink.close()
     code = proc.returncode
     if timed_out:
         err.write("tfhvdrun: the job ran longer than %g s and was stopped.\n" % timeout)
@@ -316,6 +293,78 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
         err.write(tracker.summary(code) + "\n")
     err.flush()
     return code
+
+
+GLOO_INSTALL_HINT = (
+    "Install Gloo, e.g. on Debian/Ubuntu: sudo apt-get install -y libgloo-dev, then rebuild "
+    "tfhvd (`make setup` in the source tree does both).")
+
+
+def library_backends(path: Optional[str] = None) -> Dict[str, bool]:
+    """Which CPU backends the installed library links (``{"mpi": .., "gloo": ..}``),
+    read from the names of the shared libraries it needs, without loading it
+    (loading would import TensorFlow)."""
+    if path is None:
+        from tfhvd.common.library import library_path
+
+        path = library_path()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return {"mpi": False, "gloo": False}
+    return {"mpi": b"libmpi.so" in data, "gloo": b"libgloo.so" in data}
+
+
+def choose_gloo(args: argparse.Namespace, env: Mapping[str, str],
+                backends: Optional[Mapping[str, bool]] = None) -> bool:
+    """Whether the job runs under Gloo: ``--gloo``/``--mpi`` decide; without
+    either, MPI when mpirun is installed and the library has MPI (Horovod's
+    default), else Gloo when the library has it.  Raises
+    :class:`LaunchError` for a backend the library was built without."""
+    b = library_backends() if backends is None else backends
+    if args.use_gloo:
+        if not b.get("gloo"):
+            raise LaunchError("tfhvdrun --gloo: this tfhvd library was built without Gloo. "
+                              + GLOO_INSTALL_HINT + " Or drop --gloo to run under mpirun.")
+        return True
+    if args.use_mpi:
+        if not b.get("mpi"):
+            raise LaunchError("tfhvdrun --mpi: this tfhvd library was built without MPI "
+                              "(TFHVD_WITHOUT_MPI=1). " + MPI_INSTALL_HINT
+                              + " Or run with --gloo.")
+        return False
+    have_mpirun = shutil.which("mpirun", path=hostlib.env_path(env)) is not None
+    return bool(b.get("gloo")) and not (have_mpirun and b.get("mpi"))
+
+
+def run_gloo(args: argparse.Namespace, env: Mapping[str, str], **job: Any) -> int:
+    """Checks and runs a ``--gloo`` job (see :mod:`tfhvd.runner.gloo.job`);
+    ``job`` goes to ``run_gloo_job`` (stdout, stderr, on_line, tracker,
+    timeout)."""
+    from tfhvd.runner.gloo.job import run_gloo_job
+    from tfhvd.runner.gloo.workers import plan_slots
+
+    hosts = resolve_hosts(args)
+    check_program(args.command, env)
+    check_hosts(args, hosts, env, verbose=args.verbose)
+    iface = None
+    if args.network_interface:
+        iface = args.network_interface.split(",")[0]
+        if "/" in iface:
+            raise UsageError("--network-interface %s: under --gloo give an interface name "
+                             "(e.g. eth0), not a subnet" % args.network_interface)
+    extra = settings_env(args)
+    if iface:
+        extra.update({"TFHVD_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface})
+    if not any(env.get(p + "GLOO_TIMEOUT_SECONDS") for p in ("TFHVD_", "HOROVOD_")):
+        # Ranks wait for each other at the rendezvous as long as for ssh.
+        extra["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(start_timeout(args, dict(env)))
+    ssh = hostlib.ssh_base_command(hostlib.rsh_agent(env, []), args.ssh_port,
+                                   os.path.abspath(args.ssh_identity_file)
+                                   if args.ssh_identity_file else None)
+    return run_gloo_job(list(args.command), plan_slots(hosts, args.num_proc), env, extra, ssh,
+                        iface=iface, output_dir=_output_dir(args), verbose=args.verbose, **job)
 
 
 def job_env(env: Mapping[str, str], args: argparse.Namespace) -> Dict[str, str]:
@@ -352,6 +401,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from tfhvd.runner.elastic.launch import run_elastic
 
             return run_elastic(args, env)
+        if choose_gloo(args, env):
+            return run_gloo(args, env)
         cmd = prepare(argv, env)
     except (UsageError, HostError) as e:
         msg = str(e)

@@ -13,10 +13,11 @@ fails ("ranks [1] have shut down") and rank 0 may exit first.  The tracker
 tells causes from consequences by what tfhvd's errors say.
 """
 
+import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, TextIO, Tuple
 
 TAG_RE = re.compile(r"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 
@@ -174,6 +175,22 @@ class FailureTracker:
                 break
         self._errors.append(err)
 
+    def record_exit(self, rank: int, code: int, host: str) -> None:
+        """A launcher that watches the ranks itself (``tfhvdrun --gloo``)
+        reports each failed exit here, as mpirun's summary would: ``code`` is
+        the exit status, or -N for signal N."""
+        import signal as _signal
+
+        with self._lock:
+            if code < 0:
+                try:
+                    name = _signal.Signals(-code).name
+                except ValueError:
+                    name = ""
+                self._signaled.append((rank, -code, name, host))
+            elif code != 0 and self._first_exit is None:
+                self._first_exit, self._first_exit_code = rank, code
+
     def stalls(self) -> Dict[str, Tuple[int, str]]:
         """Tensors the stall inspector reported: name -> (seconds, missing ranks)."""
         with self._lock:
@@ -225,3 +242,48 @@ def _short(text: str, limit: int = 300) -> str:
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:\w+\](?:\s*name:.*)?$", "", text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class LineSink:
+    """Where a job's whole lines go: the tracker first, then ``on_line``
+    (which returns True to swallow a line), then the terminal, and with
+    ``output_dir`` also ``output_dir/rank.N/stdout`` and ``stderr``
+    (untagged).  Thread-safe: one reader thread per pipe feeds it."""
+
+    def __init__(self, out: TextIO, err: TextIO, tracker: FailureTracker,
+                 on_line: Optional[Callable[[Line], bool]] = None,
+                 output_dir: Optional[str] = None) -> None:
+        self._sinks = {"stdout": out, "stderr": err}
+        self._tracker = tracker
+        self._on_line = on_line
+        self._output_dir = output_dir
+        self._lock = threading.Lock()
+        self._files: Dict[Tuple[int, str], TextIO] = {}
+
+    def emit(self, lines: List[Line], stream: str) -> None:
+        sink = self._sinks["stderr" if stream == "stderr" else "stdout"]
+        for line in lines:
+            self._tracker.feed(line)
+            if self._on_line is not None and self._on_line(line):
+                continue
+            with self._lock:
+                sink.write(line.render())
+                sink.flush()
+                if self._output_dir and line.rank is not None:
+                    self._save(line)
+
+    def _save(self, line: Line) -> None:
+        key = (line.rank, "stderr" if line.stream == "stderr" else "stdout")
+        f = self._files.get(key)
+        if f is None:
+            d = os.path.join(self._output_dir, "rank.%d" % line.rank)
+            os.makedirs(d, exist_ok=True)
+            f = self._files[key] = open(os.path.join(d, key[1]), "w")
+        f.write(line.text + "\n")
+        f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()

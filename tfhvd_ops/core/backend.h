@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common.h"
+#include "settings.h"
 
 namespace tfhvd {
 
@@ -113,6 +114,12 @@ struct BackendOptions {
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
   bool control_shm = true;    // same-host control bytes through shared memory
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
+  // Which CPU backend (the factory resolves kAuto), and what a launcher
+  // without mpirun said (rank, size, rendezvous address).
+  BackendChoice controller = BackendChoice::kAuto;
+  BackendChoice cpu_operations = BackendChoice::kAuto;
+  LaunchEnv launch;
+  int generation = 0;  // how many inits this process has done before this one
 };
 
 // Everything a runtime needs from its transports.
@@ -133,6 +140,14 @@ class Backend {
   // hierarchical algorithms.  Null when the transport has none.
   virtual Collectives* local_collectives() { return nullptr; }
   virtual Collectives* cross_collectives() { return nullptr; }
+  // Host collectives over `world_ranks` (sorted, distinct), for process set
+  // `set_id`.  Called by every rank of the world at the same point with the
+  // same arguments; a rank not in `world_ranks` gets *out == nullptr.
+  virtual Status CreateSubsetCollectives(int set_id, const std::vector<int>& world_ranks,
+                                         std::unique_ptr<Collectives>* out) {
+    out->reset();
+    return Status::FailedPrecondition("tfhvd: this backend cannot make process-set collectives");
+  }
 };
 
 // Implemented by backends/factory.cc.  `excluded` is set (and OK returned)
@@ -148,6 +163,7 @@ void AbortTransports(int code);
 // What this build contains, for check-build and `mpi_built()` style queries.
 struct BuildInfo {
   bool mpi = false;
+  bool gloo = false;
   bool nccl = false;
   bool cuda = false;
 };

@@ -14,6 +14,7 @@ namespace {
 struct Holder {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;
+  int inits = 0;  // successful or not: every rank counts the same attempts
 };
 
 Holder& Global() {
@@ -77,6 +78,10 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.socket_ifname = settings.socket_ifname;
   opts.control_shm = settings.control_shm;
   opts.hierarchical_allreduce = settings.hierarchical_allreduce;
+  opts.controller = settings.controller;
+  opts.cpu_operations = settings.cpu_operations;
+  opts.launch = settings.launch;
+  opts.generation = g.inits++;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;
   st = tfhvd::CreateBackend(opts, &backend, &excluded);
@@ -127,6 +132,13 @@ int tfhvd_mpi_threads_supported(void) {
   return rt ? (rt->backend()->threads_supported() ? 1 : 0) : -1;
 }
 int tfhvd_mpi_built(void) { return tfhvd::GetBuildInfo().mpi ? 1 : 0; }
+int tfhvd_gloo_built(void) { return tfhvd::GetBuildInfo().gloo ? 1 : 0; }
+int tfhvd_gloo_enabled(void) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return -1;
+  auto* c = rt->backend()->collectives(-1);
+  return c != nullptr && std::strcmp(c->name(), "Gloo") == 0 ? 1 : 0;
+}
 int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
 int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }
 

@@ -47,6 +47,10 @@ int tfhvd_cross_size(void);
 int tfhvd_is_homogeneous(void);
 int tfhvd_mpi_threads_supported(void);
 int tfhvd_mpi_built(void);
+int tfhvd_gloo_built(void);
+// 1 when the running job's host backend is Gloo, 0 when MPI, -1 when not
+// initialised.
+int tfhvd_gloo_enabled(void);
 int tfhvd_nccl_built(void);
 int tfhvd_cuda_built(void);
 // Parses the settings from the environment into `buf` ("key=value" lines).

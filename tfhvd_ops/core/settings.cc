@@ -83,7 +83,70 @@ Status ParseLogLevel(const EnvLookup& env, LogLevel* out) {
   return Bad(var, value, "one of trace, debug, info, warning, error, fatal");
 }
 
+Status ParseChoice(const EnvLookup& env, const std::string& name, BackendChoice* out) {
+  std::string value, var;
+  if (!Lookup(env, name, &value, &var)) return Status::OK();
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+  if (v == "mpi") {
+    *out = BackendChoice::kMpi;
+  } else if (v == "gloo") {
+    *out = BackendChoice::kGloo;
+  } else {
+    return Bad(var, value, "gloo or mpi");
+  }
+  return Status::OK();
+}
+
+// An int launch variable; records its name in `present` when set.
+Status ParseLaunchInt(const EnvLookup& env, const std::string& name, int* out,
+                      std::vector<std::string>* present) {
+  std::string value, var;
+  if (!Lookup(env, name, &value, &var)) return Status::OK();
+  int64_t v = -1;
+  TFHVD_RETURN_IF_ERROR(ParseInt(env, name, &v));
+  if (v > (1 << 30)) return Bad(var, value, "an integer < 2^30");
+  *out = static_cast<int>(v);
+  present->push_back(var);
+  return Status::OK();
+}
+
+Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
+  auto* p = &l->present;
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "RANK", &l->rank, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "SIZE", &l->size, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "LOCAL_RANK", &l->local_rank, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "LOCAL_SIZE", &l->local_size, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "CROSS_RANK", &l->cross_rank, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "CROSS_SIZE", &l->cross_size, p));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchInt(env, "GLOO_RENDEZVOUS_PORT", &l->rendezvous_port, p));
+  std::string var;
+  if (Lookup(env, "GLOO_RENDEZVOUS_ADDR", &l->rendezvous_addr, &var)) p->push_back(var);
+  Lookup(env, "HOSTNAME", &l->hostname, &var);
+  Lookup(env, "GLOO_IFACE", &l->iface, &var);
+  Lookup(env, "GLOO_SCOPE", &l->scope, &var);
+  TFHVD_RETURN_IF_ERROR(ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s));
+  std::string ignored;
+  for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (env(mpi, &ignored)) l->under_mpirun = true;
+  }
+  if (l->size == 0) return Bad("HOROVOD_SIZE", "0", "an integer >= 1");
+  if (l->rank >= 0 && l->size > 0 && l->rank >= l->size) {
+    return Status::InvalidArgument("tfhvd: HOROVOD_RANK=" + std::to_string(l->rank) +
+                                   " is not below HOROVOD_SIZE=" + std::to_string(l->size));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+const char* BackendChoiceName(BackendChoice c) {
+  switch (c) {
+    case BackendChoice::kMpi: return "mpi";
+    case BackendChoice::kGloo: return "gloo";
+    default: return "auto";
+  }
+}
 
 EnvLookup ProcessEnv() {
   return [](const std::string& name, std::string* value) {
@@ -121,6 +184,9 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
       ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));
+  TFHVD_RETURN_IF_ERROR(ParseChoice(env, "CONTROLLER", &s->controller));
+  TFHVD_RETURN_IF_ERROR(ParseChoice(env, "CPU_OPERATIONS", &s->cpu_operations));
+  TFHVD_RETURN_IF_ERROR(ParseLaunchEnv(env, &s->launch));
   return Status::OK();
 }
 
@@ -141,7 +207,10 @@ std::string Settings::ToString() const {
     << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"
-    << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n";
+    << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n"
+    << "controller=" << BackendChoiceName(controller) << "\n"
+    << "cpu_operations=" << BackendChoiceName(cpu_operations) << "\n"
+    << "gloo_timeout_s=" << launch.timeout_s << "\n";
   return o.str();
 }
 

@@ -16,6 +16,38 @@ namespace tfhvd {
 
 enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
 
+// Which CPU backend runs the job (CONTROLLER / CPU_OPERATIONS).
+enum class BackendChoice : int { kAuto = 0, kMpi, kGloo };
+const char* BackendChoiceName(BackendChoice c);
+
+// What a launcher without mpirun (`tfhvdrun --gloo`) tells each worker, under
+// Horovod's names (HOROVOD_RANK, ..., HOROVOD_GLOO_RENDEZVOUS_ADDR) and their
+// TFHVD_* twins.  -1 / empty: not set.
+struct LaunchEnv {
+  int rank = -1;
+  int size = -1;
+  int local_rank = -1;
+  int local_size = -1;
+  int cross_rank = -1;
+  int cross_size = -1;
+  std::string hostname;         // HOSTNAME
+  std::string rendezvous_addr;  // GLOO_RENDEZVOUS_ADDR
+  int rendezvous_port = -1;     // GLOO_RENDEZVOUS_PORT
+  std::string iface;            // GLOO_IFACE: interface of the Gloo TCP transport
+  // GLOO_SCOPE: the rendezvous scope of this init (an elastic driver sets a
+  // fresh one per round); empty: "init<N>" for the N-th init of the process.
+  std::string scope;
+  double timeout_s = 30.0;      // GLOO_TIMEOUT_SECONDS: rendezvous and collective timeout
+  bool under_mpirun = false;    // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set
+  // Names of the launch variables that are set (for the half-set warning).
+  std::vector<std::string> present;
+
+  // Rank, size and the rendezvous address are all set.
+  bool complete() const {
+    return rank >= 0 && size > 0 && !rendezvous_addr.empty() && rendezvous_port > 0;
+  }
+};
+
 struct Settings {
   int64_t fusion_threshold_bytes = 64 * 1024 * 1024;  // FUSION_THRESHOLD
   double cycle_time_ms = 0.0;          // CYCLE_TIME: min gap between rounds
@@ -32,6 +64,9 @@ struct Settings {
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce
                                        // within nodes (NCCL), across them (MPI)
+  BackendChoice controller = BackendChoice::kAuto;      // CONTROLLER: gloo|mpi
+  BackendChoice cpu_operations = BackendChoice::kAuto;  // CPU_OPERATIONS: gloo|mpi
+  LaunchEnv launch;
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;

@@ -1,0 +1,160 @@
+"""The rendezvous server of a Gloo job: a small HTTP key-value store.
+
+Workers reach it at ``HOROVOD_GLOO_RENDEZVOUS_ADDR:HOROVOD_GLOO_RENDEZVOUS_PORT``
+through the C++ ``HttpStore`` (tfhvd_ops/backends/gloo/http_store.h), which
+implements Gloo's rendezvous ``Store`` on top of three requests:
+
+* ``PUT /<scope>/<key>`` stores the body (``?exclusive=1``: 409 if the key
+  exists, which is how a second process claiming the same rank is caught);
+* ``GET /<scope>/<key>?wait_ms=N`` answers the value, waiting up to N ms for a
+  key that is not there yet (long poll, so waiting workers sleep), else 404;
+* ``DELETE /<scope>`` forgets a scope.
+
+Every ``hvd.init()`` uses its own scope (``init<N>``, or the
+``HOROVOD_GLOO_SCOPE`` an elastic driver sets), so one server serves many
+worlds in turn.  :class:`RendezvousServer` is usable on its own by a driver.
+"""
+
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Dict, Optional, Tuple
+
+_MAX_WAIT_MS = 60_000
+
+
+class KVStore:
+    """The scoped key-value table, with waiting for keys."""
+
+    def __init__(self) -> None:
+        self._data: Dict[str, Dict[str, bytes]] = {}
+        self._cond = threading.Condition()
+
+    def put(self, scope: str, key: str, value: bytes, exclusive: bool = False) -> bool:
+        """Stores a value; False (nothing stored) when ``exclusive`` and it exists."""
+        with self._cond:
+            table = self._data.setdefault(scope, {})
+            if exclusive and key in table:
+                return False
+            table[key] = value
+            self._cond.notify_all()
+            return True
+
+    def get(self, scope: str, key: str, wait_s: float = 0.0) -> Optional[bytes]:
+        """The value, waiting up to ``wait_s`` for it; None if it never came."""
+        with self._cond:
+            self._cond.wait_for(lambda: key in self._data.get(scope, {}), timeout=wait_s)
+            return self._data.get(scope, {}).get(key)
+
+    def delete_scope(self, scope: str) -> None:
+        with self._cond:
+            self._data.pop(scope, None)
+
+    def scopes(self) -> Dict[str, int]:
+        """Scope names and how many keys each holds (for tests and drivers)."""
+        with self._cond:
+            return {s: len(t) for s, t in self._data.items()}
+
+
+def _split(path: str) -> Tuple[str, str, Dict[str, str]]:
+    parsed = urllib.parse.urlsplit(path)
+    parts = urllib.parse.unquote(parsed.path).lstrip("/").split("/", 1)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    return parts[0], (parts[1] if len(parts) > 1 else ""), query
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, fmt: str, *args) -> None:  # noqa: D102 - quiet
+        pass
+
+    def _reply(self, code: int, body: bytes = b"") -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+        scope, key, query = _split(self.path)
+        n = int(self.headers.get("Content-Length") or 0)
+        value = self.rfile.read(n) if n else b""
+        if not scope or not key:
+            self._reply(400)
+            return
+        ok = self.server.store.put(scope, key, value, exclusive=query.get("exclusive") == "1")
+        self._reply(200 if ok else 409)
+
+    def do_GET(self) -> None:  # noqa: N802
+        scope, key, query = _split(self.path)
+        try:
+            wait_ms = min(max(int(query.get("wait_ms", "0")), 0), _MAX_WAIT_MS)
+        except ValueError:
+            self._reply(400)
+            return
+        value = self.server.store.get(scope, key, wait_ms / 1000.0)
+        if value is None:
+            self._reply(404)
+        else:
+            self._reply(200, value)
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        scope, _, _ = _split(self.path)
+        self.server.store.delete_scope(scope)
+        self._reply(200)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, addr: Tuple[str, int], store: KVStore) -> None:
+        self.store = store
+        super().__init__(addr, _Handler)
+
+
+class RendezvousServer:
+    """An HTTP key-value server on a thread of this process.
+
+    ``start()`` returns the port (``port=0``: any free one); ``stop()`` ends
+    it.  Usable as a context manager.
+    """
+
+    def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
+        self.store = KVStore()
+        self._addr = (host, port)
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the rendezvous server is not started")
+        return int(self._server.server_address[1])
+
+    def start(self) -> int:
+        self._server = _Server(self._addr, self.store)
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.5},
+                                        name="tfhvd-rendezvous", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "RendezvousServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
