@@ -13,7 +13,9 @@ writes JSON lines to ``LOG_DIR/<host:slot>.jsonl``:
 
 Faults are injected once per job (a marker file in LOG_DIR): ``--fault
 WORKER:EPOCH:BATCH:MODE`` with MODE ``kill`` (SIGKILL itself), ``raise``
-(a user error), ``exit0`` (finish early, successfully) or ``fail`` (exit 3).
+(a user error), ``exit0`` (finish early, successfully), ``fail`` (exit 3)
+or ``internal`` (raise HorovodInternalError: with ``*``, a reset of the whole
+world that loses no process).
 ``WORKER`` may be ``*`` (every worker: the fault fires on each, once).
 """
 
@@ -80,6 +82,8 @@ def maybe_fault(epoch, batch):
             raise SystemExit(0)
         if mode == "fail":
             os._exit(3)
+        if mode == "internal":  # every worker at once: a reset without a lost process
+            raise hvd.HorovodInternalError("injected reset at %d/%d" % (epoch, batch))
 
 
 hvd.init()

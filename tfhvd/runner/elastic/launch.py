@@ -10,9 +10,8 @@ exit status.
 
 import argparse
 import os
-import shlex
+import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,9 @@ from tfhvd.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscov
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
     split_id
 from tfhvd.runner.elastic.service import ElasticService
+from tfhvd.runner.gloo.job import launcher_address
+from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.gloo.workers import Slot, Worker, remote_command, worker_env
 
 TERMINATE_GRACE_S = 5.0
 EXIT_GRACE_S = 3.0
@@ -44,14 +46,8 @@ def make_discovery(args: argparse.Namespace) -> HostDiscovery:
     return FixedHosts({h.hostname: h.slots for h in hosts})
 
 
-def _driver_addr(env: Mapping[str, str]) -> str:
-    explicit = env.get("TFHVD_ELASTIC_DRIVER_ADDR")
-    if explicit:
-        return explicit
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+def _scope(round_: int) -> str:
+    return "elastic-%d" % round_
 
 
 class ElasticJob:
@@ -66,8 +62,12 @@ class ElasticJob:
         self.out = stdout or sys.stdout
         self.err = stderr or sys.stderr
         self.on_line = on_line
-        self.procs: Dict[str, subprocess.Popen] = {}
+        self.procs: Dict[str, Worker] = {}
         self.pumps: List[threading.Thread] = []
+        self._spawn_queue: "queue.Queue" = queue.Queue()
+        self._spawn_thread = threading.Thread(target=self._spawner, daemon=True,
+                                              name="tfhvd-elastic-spawner")
+        self._spawn_thread.start()
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.hosts = HostManager(make_discovery(args), args.cooldown_range)
@@ -75,9 +75,24 @@ class ElasticJob:
             self.hosts, np=args.num_proc, min_np=args.min_num_proc or args.num_proc,
             max_np=args.max_num_proc, spawn=self._spawn, terminate=self._terminate,
             timeout=elastic_timeout(args, self.env), reset_limit=args.reset_limit,
-            world_env=world_env, notice=self._notice)
-        self.service = ElasticService(self.driver)
-        self.addr = "%s:%d" % (_driver_addr(self.env), self.service.port)
+            world_env=world_env or self._world_env, notice=self._notice)
+        # Gloo's rendezvous store (one scope per world) and the driver's
+        # endpoints, at an address every host reaches: loopback when the hosts
+        # known at start are all this machine's (set TFHVD_ELASTIC_DRIVER_ADDR,
+        # or --network-interface, when remote hosts only join later).
+        self.iface = args.network_interface.split(",")[0] if args.network_interface else None
+        first = self.hosts.discovery.find_available_hosts_and_slots()
+        remote_hosts = [h for h in first if not hostlib.is_local_host(h)]
+        explicit = self.env.get("TFHVD_ELASTIC_DRIVER_ADDR")
+        self.remote = bool(remote_hosts or explicit or self.iface)
+        bind = "0.0.0.0" if self.remote else "127.0.0.1"
+        self.rendezvous = RendezvousServer(bind)
+        self.rendezvous_port = self.rendezvous.start()
+        self.service = ElasticService(self.driver, bind)
+        self.host_addr = explicit or (launcher_address(remote_hosts, self.iface)
+                                      if self.remote else "127.0.0.1")
+        self.addr = "%s:%d" % (self.host_addr, self.service.port)
+        self._last_round = 0
 
     def _notice(self, text: str) -> None:
         with self.write_lock:
@@ -85,45 +100,62 @@ class ElasticJob:
             self.err.flush()
 
     # ---- workers ----------------------------------------------------------
+    def _world_env(self, world: World) -> Dict[str, str]:
+        """What a worker of ``world`` needs beyond its rank: the Gloo scope of
+        that world (the previous world's scope is dropped from the store)."""
+        if world.round > self._last_round:
+            if self._last_round:
+                self.rendezvous.store.delete_scope(_scope(self._last_round))
+            self._last_round = world.round
+        return {"HOROVOD_GLOO_SCOPE": _scope(world.round)}
+
     def worker_env(self, wid: str, world: World) -> Dict[str, str]:
         """The environment of a new worker ``wid`` of ``world``."""
-        env = dict(self.env)
-        env.update(settings_env(self.args))
         host = split_id(wid)[0]
-        env.update({wk.ELASTIC_ENV: "1", wk.DRIVER_ENV: self.addr, wk.WORKER_ENV: wid,
-                    "HOROVOD_HOSTNAME": host, "PYTHONUNBUFFERED": "1"})
-        info = dict(world.info[wid], round=world.round)
-        for key in wk.TOPOLOGY_ENV:
-            env["HOROVOD_" + key.upper()] = env["TFHVD_" + key.upper()] = str(info[key])
-        env[wk.ROUND_ENV] = str(world.round)
-        if self.driver.world_env is not None:
-            env.update(self.driver.world_env(world))
-        return env
-
-    def _command(self, wid: str, env: Dict[str, str]) -> List[str]:
-        host = split_id(wid)[0]
-        if hostlib.is_local_host(host):
-            return list(self.args.command)
-        ssh = hostlib.ssh_base_command(hostlib.rsh_agent(self.env, []), self.args.ssh_port,
-                                       self.args.ssh_identity_file)
-        exports = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())
-                           if k.startswith(("TFHVD_", "HOROVOD_", "PYTHON", "TF_"))
-                           or k in ("PATH", "LD_LIBRARY_PATH"))
-        remote = "cd %s && env %s %s" % (shlex.quote(os.getcwd()), exports,
-                                         " ".join(shlex.quote(c) for c in self.args.command))
-        return ssh + ["-o", "BatchMode=yes", host, remote]
+        info = world.info[wid]
+        slot = Slot(info["rank"], host, info["local_rank"], info["local_size"],
+                    info["cross_rank"], info["cross_size"])
+        extra = dict(settings_env(self.args))
+        extra.update({wk.ELASTIC_ENV: "1", wk.DRIVER_ENV: self.addr, wk.WORKER_ENV: wid,
+                      wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1"})
+        if not any(self.env.get(p + "GLOO_TIMEOUT_SECONDS") for p in ("TFHVD_", "HOROVOD_")):
+            # A new world waits at the rendezvous for its newcomers to start.
+            extra["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(int(self.driver.timeout))
+        extra.update(self.driver.world_env(world) if self.driver.world_env else {})
+        iface = self.iface or (None if self.remote else "lo")
+        return worker_env(self.env, slot, info["size"], self.host_addr, self.rendezvous_port,
+                          iface, extra)
 
     def _spawn(self, wid: str, world: World) -> None:
-        env = self.worker_env(wid, world)
-        proc = subprocess.Popen(self._command(wid, env), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        # Processes are started by one thread that lives as long as the job:
+        # a worker's parent-death signal fires when the *thread* that forked
+        # it ends, and the driver forms later worlds on short-lived threads.
+        self._spawn_queue.put((wid, world, self.worker_env(wid, world)))
+
+    def _spawner(self) -> None:
+        while True:
+            item = self._spawn_queue.get()
+            if item is None:
+                return
+            self._start_worker(*item)
+
+    def _start_worker(self, wid: str, world: World, env: Dict[str, str]) -> None:
+        host = split_id(wid)[0]
+        remote = not hostlib.is_local_host(host)
+        argv = list(self.args.command)
+        if remote:
+            ssh = hostlib.ssh_base_command(hostlib.rsh_agent(self.env, []), self.args.ssh_port,
+                                           os.path.abspath(self.args.ssh_identity_file)
+                                           if self.args.ssh_identity_file else None)
+            argv = remote_command(ssh, host, argv, env, os.getcwd())
+        w = Worker(Slot(world.info[wid]["rank"], host, 0, 1, 0, 1), argv, env, remote)
         with self.lock:
-            self.procs[wid] = proc
-        for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            self.procs[wid] = w
+        for pipe, name in ((w.proc.stdout, "stdout"), (w.proc.stderr, "stderr")):
             t = threading.Thread(target=self._pump, args=(wid, pipe, name), daemon=True)
             t.start()
             self.pumps.append(t)
-        threading.Thread(target=self._watch, args=(wid, proc), daemon=True).start()
+        threading.Thread(target=self._watch, args=(wid, w), daemon=True).start()
 
     def _pump(self, wid: str, pipe, stream: str) -> None:
         sink = self.out if stream == "stdout" else self.err
@@ -136,27 +168,25 @@ class ElasticJob:
                 sink.flush()
         pipe.close()
 
-    def _watch(self, wid: str, proc: subprocess.Popen) -> None:
-        code = proc.wait()
+    def _watch(self, wid: str, w: Worker) -> None:
+        code = w.proc.wait()
         with self.lock:
-            if self.procs.get(wid) is proc:
+            if self.procs.get(wid) is w:
                 del self.procs[wid]
         self.driver.worker_exited(wid, code)
 
     def _terminate(self, wid: str) -> None:
         with self.lock:
-            proc = self.procs.get(wid)
-        if proc is None or proc.poll() is not None:
+            w = self.procs.get(wid)
+        if w is None or w.poll() is not None:
             return
 
         def stop() -> None:
+            w.signal(signal.SIGTERM)
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(TERMINATE_GRACE_S)
+                w.proc.wait(TERMINATE_GRACE_S)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                w.signal(signal.SIGKILL)
 
         threading.Thread(target=stop, daemon=True).start()
 
@@ -193,8 +223,11 @@ class ElasticJob:
         finally:
             if timer is not None:
                 timer.cancel()
+            self._spawn_queue.put(None)
+            self._spawn_thread.join(timeout=10)
             self._stop_all()
             self.service.stop()
+            self.rendezvous.stop()
             for t in list(self.pumps):
                 t.join(timeout=5)
         if error:
@@ -210,16 +243,16 @@ class ElasticJob:
         # Workers that were told the job ended exit by themselves; give them
         # a moment to say why before stopping what is left.
         deadline = time.monotonic() + EXIT_GRACE_S
-        for _, proc in procs:
+        for _, w in procs:
             try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         for wid, _ in procs:
             self._terminate(wid)
-        for _, proc in procs:
+        for _, w in procs:
             try:
-                proc.wait(TERMINATE_GRACE_S * 2)
+                w.proc.wait(TERMINATE_GRACE_S * 2)
             except subprocess.TimeoutExpired:
                 pass
 
