@@ -23,7 +23,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test test-core test-single test-parallel test-integration clean \
+.PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test test-core test-single test-parallel test-integration test-elastic clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -88,7 +88,7 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 demo: setup
 	$(MPIRUN) -np 2 $(PY) examples/keras_mnist.py --epochs 5
 
-test: setup test-core test-single test-parallel test-gloo test-integration test-gpu-build docker-check
+test: setup test-core test-single test-parallel test-gloo test-integration test-elastic test-gpu-build docker-check
 	@echo "== all tests passed"
 
 test-core: setup
@@ -145,7 +145,18 @@ test-gloo: test-parallel-gloo test-gloo-only
 test-integration: setup
 	@echo "== integration tests: tfhvdrun, faults, timeline, multi-node"
 	@bash scripts/install_sshd.sh || echo "(no sshd: the multi-node test will skip)"
-	timeout --signal=KILL 1800 $(PY) -m pytest -q --color=no -p no:cacheprovider tests/integration
+	timeout --signal=KILL 1800 $(PY) -m pytest -q --color=no -p no:cacheprovider tests/integration \
+	  --ignore=tests/integration/test_elastic.py
+
+# Elastic jobs over Gloo on loopback "hosts" (127.0.0.x): hosts added and
+# removed, SIGKILL, raise, all failing, --min-np timeout, reset limit,
+# cooldown, early finish, exact recovery, 20 resets (about 4-5 min on 2 cores).
+# The driver's logic and the states have their tests in tests/single and
+# tests/parallel (test_elastic_*), run by test-single and test-parallel.
+test-elastic: setup
+	@echo "== elastic tests: tfhvdrun --host-discovery-script over Gloo"
+	timeout --signal=KILL 900 $(PY) -m pytest -q --color=no -p no:cacheprovider \
+	  tests/integration/test_elastic.py
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)
