@@ -144,8 +144,10 @@ def test_host_removed_mid_training(tmp_path, reference):
 
 
 def test_worker_sigkilled(tmp_path, reference):
+    """Killed after two uncommitted steps (a commit every 3): the survivors roll
+    them back and redo them."""
     run = run_elastic(tmp_path, [[{}, hosts(1, 2, 3)]], 3, "--min-np", "1",
-                      train_args=["--fault", "127.0.0.3:0:1:2:kill"])
+                      train_args=["--fault", "127.0.0.3:0:1:2:kill", "--batches-per-commit", "3"])
     check_training(run, 2)
     assert run.sizes() == [3, 2], run.explain()
     assert "worker 127.0.0.3:0 was killed by signal 9: blacklisting host 127.0.0.3" in run.err
@@ -203,7 +205,8 @@ def test_blacklisted_host_back_after_cooldown_exact_recovery(tmp_path, reference
     guarantee: its workers' data depends on their rank and iterator)."""
     run = run_elastic(tmp_path, [[{}, hosts(1, 2, 3)]], 3, "--min-np", "1",
                       "--blacklist-cooldown-range", "1", "2",
-                      train_args=["--fault", "127.0.0.3:0:1:3:kill", "--wait-size", "2:ge:3"])
+                      train_args=["--fault", "127.0.0.3:0:1:5:kill", "--wait-size", "2:ge:3",
+                                  "--batches-per-commit", "3"])
     check_training(run, 3)
     assert run.sizes() == [3, 2, 3], run.explain()
     assert_exact(run, reference)

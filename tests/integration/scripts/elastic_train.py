@@ -39,6 +39,7 @@ p.add_argument("--examples", type=int, default=72)
 p.add_argument("--global-batch", type=int, default=12)
 p.add_argument("--step-sleep", type=float, default=0.05)
 p.add_argument("--fault", action="append", default=[])
+p.add_argument("--batches-per-commit", type=int, default=1)
 p.add_argument("--wait-size", action="append", default=[],
                help="EPOCH:OP:N: after EPOCH epochs, wait (checking for host updates) until "
                     "hvd.size() OP N, OP one of ge, le (the test changes the hosts meanwhile)")
@@ -118,7 +119,7 @@ def step(xb, yb):
 @hvd.elastic.run
 def train(state):
     while state.epoch < args.epochs:
-        for xb, yb in data.iter_epoch(state):
+        for xb, yb in data.iter_epoch(state, batches_per_commit=args.batches_per_commit):
             maybe_fault(state.epoch, state.batch)
             loss = step(xb, yb)
             state.steps += 1
