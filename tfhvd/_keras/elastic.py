@@ -13,7 +13,7 @@ Put them in this order in ``callbacks=[...]``: epoch, batch, commit (as
 Horovod's examples do), so that a commit records the updated counters.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from tfhvd._keras import flavor as _flavor
 from tfhvd.tensorflow.elastic import TensorFlowKerasState
@@ -96,6 +96,14 @@ class UpdateEpochStateCallbackImpl:
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         # Keras counts from 0 in every fit(); add the epochs done before.
         self.state.epoch = self.initial_epoch + epoch + 1
+
+
+def elastic_names(keras_module: Any) -> Tuple[type, type, type, type]:
+    """``(KerasState, CommitStateCallback, UpdateBatchStateCallback,
+    UpdateEpochStateCallback)`` for a public Keras module."""
+    c = elastic_classes(_flavor.flavor_of_module(keras_module))
+    return (c["KerasState"], c["CommitStateCallback"], c["UpdateBatchStateCallback"],
+            c["UpdateEpochStateCallback"])
 
 
 def elastic_classes(flavor: str) -> Dict[str, type]:

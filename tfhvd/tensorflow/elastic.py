@@ -143,7 +143,35 @@ def _build_optimizer(model: Any, optimizer: Any) -> None:
     _flavor.build_optimizer(optimizer, list(model.trainable_variables))
 
 
-class TensorFlowKerasState(ObjectState):
+class _VariablesState(ObjectState):
+    """Keyword values plus variables committed to host memory: subclasses
+    say which variables (:meth:`_variables`) and how to share them
+    (:meth:`_broadcast`)."""
+
+    def _variables(self) -> list:
+        raise NotImplementedError()
+
+    def _broadcast(self) -> None:
+        raise NotImplementedError()
+
+    def save(self) -> None:
+        self._save_variables()
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self._saved_vars)
+        super().restore()
+
+    def sync(self) -> None:
+        self._broadcast()
+        self._save_variables()
+        super().sync()
+
+    def _save_variables(self) -> None:
+        self._saved_vars = _to_host(self._variables())
+
+
+class TensorFlowKerasState(_VariablesState):
     """The state of a Keras model and its optimizer, plus any keyword values.
 
     Commits copy the model's weights and the optimizer's variables (slots and
@@ -161,34 +189,21 @@ class TensorFlowKerasState(ObjectState):
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend
         _build_optimizer(self.model, self.optimizer)
-        self._save_model()
+        self._save_variables()
         super().__init__(**kwargs)
 
     def _variables(self) -> list:
         return list(self.model.variables) + _optimizer_vars(self.optimizer)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
-
-    def restore(self) -> None:
-        _assign(self._saved_vars)
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         _build_optimizer(self.model, self.optimizer)
         broadcast_variables(self.model.variables, root_rank=0)
         opt_vars = _optimizer_vars(self.optimizer)
         if opt_vars:
             broadcast_variables(opt_vars, root_rank=0)
-        self._save_model()
-        super().sync()
-
-    def _save_model(self) -> None:
-        self._saved_vars = _to_host(self._variables())
 
 
-class TensorFlowState(ObjectState):
+class TensorFlowState(_VariablesState):
     """The state of a list of ``tf.Variable`` objects, plus any keyword values.
 
     TensorFlow 2 has no global variable collection, so ``variables`` must be given.
@@ -202,25 +217,15 @@ class TensorFlowState(ObjectState):
         if session is not None:
             raise ValueError("TensorFlowState: sessions (TensorFlow 1 graphs) are not supported")
         self.variables = list(variables)
-        self._save_model()
+        self._save_variables()
         super().__init__(**kwargs)
 
-    def save(self) -> None:
-        self._save_model()
-        super().save()
+    def _variables(self) -> list:
+        return self.variables
 
-    def restore(self) -> None:
-        _assign(self._saved_vars)
-        super().restore()
-
-    def sync(self) -> None:
+    def _broadcast(self) -> None:
         if self.variables:
             broadcast_variables(self.variables, root_rank=0)
-        self._save_model()
-        super().sync()
-
-    def _save_model(self) -> None:
-        self._saved_vars = _to_host(self.variables)
 
 
 class ElasticDataset:
