@@ -250,7 +250,7 @@ class ElasticDriver:
         """A worker process ended with exit status ``code``."""
         with self.cond:
             st = self.states.get(wid)
-            if st not in (RUNNING, READY):
+            if self.done or st not in (RUNNING, READY):
                 return
             if code == 0:
                 self.states[wid] = SUCCESS

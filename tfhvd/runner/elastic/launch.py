@@ -223,9 +223,10 @@ class ElasticJob:
         finally:
             if timer is not None:
                 timer.cancel()
+            self._stop_all()
+            # Only now: the workers' parent-death signal is tied to this thread.
             self._spawn_queue.put(None)
             self._spawn_thread.join(timeout=10)
-            self._stop_all()
             self.service.stop()
             self.rendezvous.stop()
             for t in list(self.pumps):
