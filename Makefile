@@ -110,6 +110,12 @@ test-parallel: setup
 # The parallel suite again under tfhvdrun --gloo (no mpirun).
 TFHVDRUN_GLOO := $(PY) -m tfhvd.runner --gloo
 test-parallel-gloo: setup
+	@echo "== core and backend tests (no TensorFlow) under tfhvdrun --gloo: 2 and 3 processes"
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 $(BUILD_DIR)/tfhvd_core_test
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_core_test
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 $(BUILD_DIR)/tfhvd_backend_test
+	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_backend_test
+	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	@echo "== parallel tests under tfhvdrun --gloo -np 2"
 	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under tfhvdrun --gloo -np 3"
@@ -130,11 +136,12 @@ $(GLOO_LIB): $(NATIVE_SOURCES) setup.py $(DEPS_STAMP)
 
 test-gloo-only: gloo-only-build
 	@echo "== Gloo-only variant: no MPI linked, core test and parallel suite under tfhvdrun --gloo"
-	@if ldd $(GLOO_LIB) $(GLOO_BUILD_DIR)/tfhvd_core_test | grep -i 'libmpi'; then \
+	@if ldd $(GLOO_LIB) $(GLOO_BUILD_DIR)/tfhvd_core_test $(GLOO_BUILD_DIR)/tfhvd_backend_test | grep -i 'libmpi'; then \
 	  echo "FAIL: the Gloo-only library links MPI"; exit 1; fi
 	@ldd $(GLOO_LIB) | grep -q libgloo || { echo "FAIL: the Gloo-only library does not link Gloo"; exit 1; }
 	$(GLOO_ONLY) $(PY) -P -m tfhvd.runner --check-build | grep -E '\[.\] (MPI|Gloo)'
-	$(TIMEOUT) $(GLOO_ONLY) $(PY) -P -m tfhvd.runner -np 2 $(GLOO_BUILD_DIR)/tfhvd_core_test
+	$(GLOO_ONLY) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 2 $(GLOO_BUILD_DIR)/tfhvd_core_test
+	$(GLOO_ONLY) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 3 $(GLOO_BUILD_DIR)/tfhvd_backend_test
 	$(GLOO_ONLY) $(TEST_ENV) $(TIMEOUT) $(PY) -P -m tfhvd.runner -np 2 tests/parallel/run_rank.sh \
 	  $(PY) -P -m pytest -q --color=no -p no:cacheprovider tests/parallel
 

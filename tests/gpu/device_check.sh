@@ -71,7 +71,7 @@ if command -v mpicxx >/dev/null && [ "${TFHVD_HARNESS_LOOPBACK:-0}" != 1 ]; then
   say "== MPI found: the harness uses the MPI backend"
   CXX=mpicxx
   SOURCES+=("$OPS/backends/factory.cc" "$OPS"/backends/mpi/*.cc "$OPS"/backends/tcp/*.cc)
-  DEFINES+=(-DTFHVD_WITH_NCCL -DOMPI_SKIP_MPICXX=1)
+  DEFINES+=(-DTFHVD_WITH_NCCL -DTFHVD_WITH_MPI -DOMPI_SKIP_MPICXX=1)
 else
   say "== no MPI: the harness runs one process over the loopback backend"
   SOURCES+=("$ROOT/tests/gpu/loopback_backend.cc")

@@ -88,10 +88,16 @@ def run(argv: Sequence[str], timeout: float = 120, env: Optional[Dict[str, str]]
     return Job(proc.returncode, out, err, time.monotonic() - start)
 
 
+# Extra tfhvdrun flags for every job, e.g. TFHVD_TEST_LAUNCHER_ARGS=--gloo to
+# run the same tests without mpirun (test_gloo.py does, for the fault tests).
+LAUNCHER_ARGS_ENV = "TFHVD_TEST_LAUNCHER_ARGS"
+
+
 def launch(args: Sequence[str], timeout: float = 120, env: Optional[Dict[str, str]] = None,
            **kw) -> Job:
-    """``tfhvdrun ARGS`` with a timeout."""
-    return run(tfhvdrun() + list(args), timeout=timeout, env=env, **kw)
+    """``tfhvdrun [$TFHVD_TEST_LAUNCHER_ARGS] ARGS`` with a timeout."""
+    extra = os.environ.get(LAUNCHER_ARGS_ENV, "").split()
+    return run(tfhvdrun() + extra + list(args), timeout=timeout, env=env, **kw)
 
 
 def train(np: int, *script_args: str, launcher_args: Sequence[str] = (), **kw) -> Job:

@@ -192,16 +192,19 @@ def test_check_build_is_truthful():
     job = run([PY, "-m", "tfhvd.runner", "--check-build"], timeout=120)
     assert job.rc == 0, job.explain()
     truth = run([PY, "-c", "import tfhvd.tensorflow as hvd; "
-                 "print(hvd.mpi_built(), hvd.nccl_built(), hvd.cuda_built())"], timeout=120)
-    mpi, nccl, cuda = (x == "True" for x in truth.out.split())
+                 "print(hvd.mpi_built(), hvd.nccl_built(), hvd.cuda_built(), hvd.gloo_built())"],
+                timeout=120)
+    mpi, nccl, cuda, gloo = (x == "True" for x in truth.out.split())
     mark = {True: "[X]", False: "[ ]"}
     text = job.out
     assert "tfhvd v" in text
     assert "[X] TensorFlow" in text
     assert "[ ] PyTorch" in text and "[ ] MXNet" in text
-    assert "%s MPI" % mark[mpi] in text.split("Available Controllers:")[1].split("\n\n")[0]
+    controllers = text.split("Available Controllers:")[1].split("\n\n")[0]
+    assert "%s MPI" % mark[mpi] in controllers and "%s Gloo" % mark[gloo] in controllers
     ops = text.split("Available Tensor Operations:")[1].split("\n\n")[0]
     assert "%s NCCL" % mark[nccl] in ops and "%s MPI" % mark[mpi] in ops
+    assert "%s Gloo" % mark[gloo] in ops
     assert "%s built with CUDA" % mark[cuda] in text
     driver = os.path.exists("/dev/nvidiactl")
     if driver:
@@ -280,5 +283,5 @@ def test_run_rejects_bad_arguments():
         tfhvd_run(where_am_i, args=(0,), np=2, hosts="localhost:1")
     with pytest.raises(TypeError, match="no elastic mode"):
         tfhvd_run(where_am_i, np=1, min_np=1)
-    with pytest.raises(ValueError, match="no Gloo"):
-        tfhvd_run(where_am_i, np=1, use_gloo=True)
+    with pytest.raises(ValueError, match="not both"):
+        tfhvd_run(where_am_i, np=1, use_gloo=True, use_mpi=True)

@@ -10,7 +10,9 @@ on one host.  Everything is torn down, even when the test fails.
 """
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -163,10 +165,14 @@ def _job_env(cluster: Cluster) -> Dict[str, str]:
                       "TFHVD_TEST_PROBE": "forwarded"})
 
 
-def test_multinode_training_equals_single_host(cluster):
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_multinode_training_equals_single_host(cluster, backend):
+    # --gloo: tfhvdrun starts the remote ranks over ssh itself, Gloo's TCP
+    # transport pinned to the veth interface.
+    flags = ["--" + backend]
     script = [sys.executable, TRAIN, "--steps", "4", "--payload-kb", "4096"]
     before = {k: _counter(cluster.ns["hostB"], k) for k in ("rx_bytes", "tx_bytes")}
-    job = run(tfhvdrun() + ["-np", "4", "-H", "hostA:2,hostB:2",
+    job = run(tfhvdrun() + flags + ["-np", "4", "-H", "hostA:2,hostB:2",
                             "-p", str(SSH_PORT), "-i", cluster.key,
                             "--network-interface", IFNAME, "--start-timeout", "20"] + script,
               prefix=cluster.in_host("hostA", []), env=_job_env(cluster), timeout=300)
@@ -182,7 +188,7 @@ def test_multinode_training_equals_single_host(cluster):
     moved = {k: after[k] - before[k] for k in before}
     assert moved["rx_bytes"] > 4 * 2 ** 20 and moved["tx_bytes"] > 4 * 2 ** 20, moved
 
-    single = run(tfhvdrun() + ["-np", "4"] + script, env=clean_env(), timeout=300)
+    single = run(tfhvdrun() + flags + ["-np", "4"] + script, env=clean_env(), timeout=300)
     assert single.rc == 0, single.explain()
     one = result_line(single)
     assert one["size"] == 4
@@ -199,3 +205,66 @@ def test_multinode_unreachable_port_fails_fast(cluster):
               prefix=cluster.in_host("hostA", []), env=_job_env(cluster), timeout=60)
     assert job.rc == 3, job.explain()
     assert "hostB" in job.err and "refused" in job.err.lower(), job.explain()
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_multinode_gloo_leaves_no_rank_behind(cluster, how):
+    # Ranks started over ssh by tfhvdrun --gloo end with the launcher, even
+    # when it is killed outright (its ssh dies with it, and the remote guard
+    # ends the rank when the connection closes).
+    code = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(300)"
+    proc = subprocess.Popen(
+        cluster.in_host("hostA", tfhvdrun() + [
+            "--gloo", "-np", "2", "-H", "hostA:1,hostB:1", "-p", str(SSH_PORT), "-i",
+            cluster.key, "--network-interface", IFNAME, sys.executable, "-c", code]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_job_env(cluster),
+        cwd=ROOT, start_new_session=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            m = re.search(r"<stdout>:pid (\d+)", proc.stdout.readline())
+            if m:
+                pids.append(int(m.group(1)))
+        assert len(pids) == 2, "the ranks never started"
+        # The launcher is the Python under `ip netns exec ... unshare`: find it.
+        launcher = _descendant_running(proc.pid, "tfhvd")
+        os.kill(launcher, how)
+        deadline = time.monotonic() + 30
+        while _alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert not _alive(pids), "ranks %s outlived the launcher" % _alive(pids)
+    finally:
+        for p in _alive(pids):
+            os.kill(p, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _alive(pids):
+    out = []
+    for p in pids:
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(p)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _descendant_running(root: int, needle: str) -> int:
+    """The first process below ``root`` (itself included) whose command line
+    has ``needle``."""
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if needle.encode() in f.read():
+                    return pid
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                todo += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            continue
+    raise AssertionError("no process running %s below %d" % (needle, root))

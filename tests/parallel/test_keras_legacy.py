@@ -31,8 +31,9 @@ def _run_job(size: int) -> dict:
     if hvd.gloo_enabled():  # the same launcher as this job: tfhvdrun --gloo
         for k in [k for k in env if k.startswith(("HOROVOD_", "TFHVD_GLOO"))]:
             del env[k]
-        cmd = [sys.executable, "-m", "tfhvd.runner", "--gloo", "-np", str(size),
-               sys.executable, JOB]
+        safe = ["-P"] if sys.flags.safe_path else []  # keep a variant's PYTHONPATH first
+        cmd = [sys.executable, *safe, "-m", "tfhvd.runner", "--gloo", "-np", str(size),
+               sys.executable, *safe, JOB]
     else:
         mpirun = shutil.which("mpirun")
         if mpirun is None:

@@ -155,7 +155,7 @@ def test_output_filename_is_written_by_the_launcher_not_mpirun():
     (["-np", "0", "true"], "expected a whole number >= 1"),
     (["-np", "two", "true"], "expected a whole number"),
     (["-np", "2", "-H", "a:1", "--hostfile", "f", "true"], "not both"),
-    (["-np", "2", "--gloo", "true"], "no Gloo controller"),
+    (["-np", "2", "--gloo", "--mpi", "true"], "not both"),
     (["-np", "2", "--fusion-threshold-mb", "-1", "true"], "expected a number >= 0"),
     (["-np", "2", "--log-level", "loud", "true"], "invalid choice"),
     (["-np", "2", "-i", "/nonexistent/key", "true"], "no such file"),

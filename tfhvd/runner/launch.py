@@ -345,15 +345,18 @@ def run_gloo(args: argparse.Namespace, env: Mapping[str, str], **job: Any) -> in
     from tfhvd.runner.gloo.job import run_gloo_job
     from tfhvd.runner.gloo.workers import plan_slots
 
-    hosts = resolve_hosts(args)
-    check_program(args.command, env)
-    check_hosts(args, hosts, env, verbose=args.verbose)
+    if args.mpi_args:
+        raise UsageError("--mpi-args %r: a --gloo job runs without mpirun; drop --mpi-args or "
+                         "use --mpi" % args.mpi_args)
     iface = None
     if args.network_interface:
         iface = args.network_interface.split(",")[0]
         if "/" in iface:
             raise UsageError("--network-interface %s: under --gloo give an interface name "
                              "(e.g. eth0), not a subnet" % args.network_interface)
+    hosts = resolve_hosts(args)
+    check_program(args.command, env)
+    check_hosts(args, hosts, env, verbose=args.verbose)
     extra = settings_env(args)
     if iface:
         extra.update({"TFHVD_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface})

@@ -43,8 +43,8 @@ def decode(text: str) -> Any:
 
 
 def world_rank() -> int:
-    """This process's rank from the launcher's environment (an elastic
-    worker's ``HOROVOD_RANK`` is its rank in the latest world)."""
+    """This process's rank from the launcher's environment (mpirun or tfhvdrun
+    --gloo; an elastic worker's ``HOROVOD_RANK`` is its rank in the latest world)."""
     for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])

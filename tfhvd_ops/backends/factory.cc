@@ -67,6 +67,16 @@ Status Choose(const BackendOptions& opts, BackendChoice* out) {
         "TFHVD_WITHOUT_MPI=1 or without Open MPI): install it with 'sudo apt-get install -y "
         "openmpi-bin libopenmpi-dev' and rebuild, or start the job with tfhvdrun --gloo");
   }
+  const LaunchEnv& l = opts.launch;
+  if (!l.complete() && !l.present.empty() && !l.under_mpirun) {
+    std::string names;
+    for (const auto& n : l.present) names += (names.empty() ? "" : ", ") + n;
+    std::fprintf(stderr,
+                 "[tfhvd WARNING] %s set, but not all of HOROVOD_RANK, HOROVOD_SIZE, "
+                 "HOROVOD_GLOO_RENDEZVOUS_ADDR and HOROVOD_GLOO_RENDEZVOUS_PORT: running as a "
+                 "job of size 1 (start the job with tfhvdrun --gloo)\n",
+                 names.c_str());
+  }
   *out = c;
   return Status::OK();
 }

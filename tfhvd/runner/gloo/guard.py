@@ -40,10 +40,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def watch_stdin() -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked in a buffered
+        # read would hold its lock while the interpreter shuts down.
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         _end(proc)
 
@@ -56,4 +58,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # no interpreter shutdown while the stdin watcher is blocked

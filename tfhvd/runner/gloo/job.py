@@ -62,6 +62,14 @@ def _iface_address(iface: str) -> Optional[str]:
         return None
 
 
+def iface_of(addr: str) -> Optional[str]:
+    """The name of this host's interface that has ``addr``, or None."""
+    for _, name in socket.if_nameindex():
+        if _iface_address(name) == addr:
+            return name
+    return None
+
+
 class _Pump(threading.Thread):
     """Reads one pipe of one rank and emits tagged lines."""
 
@@ -191,8 +199,10 @@ def run_gloo_job(command: Sequence[str], slots: Sequence[Slot], env: Mapping[str
     server = RendezvousServer("0.0.0.0" if remote else "127.0.0.1")
     port = server.start()
     addr = launcher_address(remote, iface)
-    # A job on this host only runs Gloo over loopback unless told otherwise.
-    gloo_iface = iface or (None if remote else "lo")
+    # A job on this host only runs Gloo over loopback unless told otherwise;
+    # a multi-host job without --network-interface uses the interface that
+    # reaches the first remote host here (the hosts must name it alike).
+    gloo_iface = iface or (iface_of(addr) if remote else "lo")
     if verbose:
         err.write("tfhvdrun: Gloo rendezvous at %s:%d, %d ranks on %s\n"
                   % (addr, port, len(slots), ", ".join(hosts)))

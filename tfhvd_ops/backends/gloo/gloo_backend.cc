@@ -3,6 +3,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/transport/device.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,11 +29,29 @@ std::string ThisHost(const LaunchEnv& env) {
   return buf;
 }
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
+// The control channel of a job of one process: nobody to talk to, but a
+// Wait() that sleeps on the tensor queue's eventfd, so an idle runtime
+// sleeps instead of polling.
+class LocalControl : public ControlChannel {
+ public:
+  Status SendToCoordinator(std::string) override { return Lone(); }
+  Status SendToWorker(int, std::string) override { return Lone(); }
+  Status PollWorkers(std::vector<std::pair<int, std::string>>*) override { return Status::OK(); }
+  Status PollCoordinator(std::vector<std::string>*) override { return Status::OK(); }
+  Status FlushSends(double) override { return Status::OK(); }
+  bool Wait(int wake_fd, std::chrono::microseconds timeout) override {
+    struct pollfd p = {wake_fd, POLLIN, 0};
+    const int64_t ms = std::min<int64_t>((timeout.count() + 999) / 1000, 1 << 30);
+    poll(&p, 1, static_cast<int>(ms));
+    return true;
+  }
+  std::string Describe() const override { return "none (a job of one process)"; }
+
+ private:
+  static Status Lone() {
+    return Status::Internal("tfhvd: a job of one process has no peer to send to");
+  }
+};
 
 class GlooBackend : public Backend {
  public:
@@ -61,12 +80,6 @@ class GlooBackend : public Backend {
     if (env.complete()) {
       rank = env.rank;
       size = env.size;
-    } else if (!env.present.empty()) {
-      std::fprintf(stderr,
-                   "[tfhvd WARNING] %s set, but not all of HOROVOD_RANK, HOROVOD_SIZE, "
-                   "HOROVOD_GLOO_RENDEZVOUS_ADDR and HOROVOD_GLOO_RENDEZVOUS_PORT: running as a "
-                   "job of size 1 (start the job with tfhvdrun --gloo)\n",
-                   Join(env.present).c_str());
     }
     peers_.timeout = std::chrono::milliseconds(static_cast<int64_t>(env.timeout_s * 1000));
     const std::string scope =
@@ -117,6 +130,8 @@ class GlooBackend : public Backend {
       tcp.shared_memory = opts.control_shm;
       tcp.connect_timeout_s = env.timeout_s;
       TFHVD_RETURN_IF_ERROR(CreateTcpControl(rank, size, Bootstrap(), tcp, &control_));
+    } else {
+      control_ = std::make_unique<LocalControl>();
     }
     return Status::OK();
   }

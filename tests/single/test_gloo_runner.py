@@ -1,0 +1,117 @@
+"""tfhvdrun --gloo without starting a job: rank placement, each rank's
+environment, the ssh command, the backend choice, and the rendezvous server."""
+
+import argparse
+import http.client
+import threading
+import time
+
+import pytest
+
+from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.gloo.workers import Slot, plan_slots, remote_command, worker_env
+from tfhvd.runner.hosts import HostSlots
+from tfhvd.runner.launch import LaunchError, choose_gloo, library_backends
+
+
+def test_slots_fill_hosts_in_order():
+    slots = plan_slots([HostSlots("a", 2), HostSlots("b", 2)], 3)
+    assert [(s.rank, s.hostname, s.local_rank, s.local_size) for s in slots] == [
+        (0, "a", 0, 2), (1, "a", 1, 2), (2, "b", 0, 1)]
+    # Cross ranks: the ranks that share a local rank, in rank order.
+    assert [(s.cross_rank, s.cross_size) for s in slots] == [(0, 2), (0, 1), (1, 2)]
+    with pytest.raises(ValueError, match="does not fit"):
+        plan_slots([HostSlots("a", 1)], 2)
+
+
+def test_worker_env_sets_horovod_names_and_drops_stale_ones():
+    base = {"PATH": "/bin", "HOROVOD_RANK": "7", "TFHVD_SIZE": "9", "TFHVD_FUSION_THRESHOLD": "1"}
+    env = worker_env(base, Slot(1, "h", 1, 2, 0, 1), 2, "10.0.0.1", 4321, "eth0",
+                     {"TFHVD_CYCLE_TIME": "2"})
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2"
+    assert "TFHVD_SIZE" not in env  # a stale twin would shadow HOROVOD_SIZE
+    assert env["HOROVOD_LOCAL_RANK"] == "1" and env["HOROVOD_LOCAL_SIZE"] == "2"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.0.0.1"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4321"
+    assert env["HOROVOD_GLOO_IFACE"] == "eth0" and env["HOROVOD_HOSTNAME"] == "h"
+    assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert env["TFHVD_FUSION_THRESHOLD"] == "1" and env["TFHVD_CYCLE_TIME"] == "2"
+
+
+def test_remote_command_passes_the_environment_like_mpirun_x():
+    env = {"PATH": "/p", "HOROVOD_RANK": "3", "SECRET": "no", "TF_X": "a b"}
+    cmd = remote_command(["ssh", "-p", "2222"], "node1", ["python", "train.py"], env, "/w d",
+                         python="/py")
+    assert cmd[:3] == ["ssh", "-p", "2222"] and "node1" in cmd
+    inner = cmd[-1]
+    assert inner.startswith("cd '/w d' && exec env ")
+    assert "HOROVOD_RANK=3" in inner and "PATH=/p" in inner and "TF_X='a b'" in inner
+    assert "SECRET" not in inner
+    assert "/py -m tfhvd.runner.gloo.guard -- python train.py" in inner
+
+
+def _args(*flags: str) -> argparse.Namespace:
+    return parse_args(list(flags) + ["-np", "2", "python", "x.py"])
+
+
+def test_backend_choice():
+    both = {"mpi": True, "gloo": True}
+    assert choose_gloo(_args("--gloo"), {}, both)
+    assert not choose_gloo(_args("--mpi"), {}, both)
+    # Horovod's default: MPI when mpirun is there, else Gloo.
+    assert not choose_gloo(_args(), {"PATH": "/usr/bin:/bin"}, both)
+    assert choose_gloo(_args(), {"PATH": "/nonexistent"}, both)
+    assert choose_gloo(_args(), {"PATH": "/usr/bin:/bin"}, {"mpi": False, "gloo": True})
+    with pytest.raises(UsageError, match="not both"):
+        _args("--gloo", "--mpi")
+
+
+def test_gloo_on_a_build_without_gloo_says_how_to_install_it():
+    with pytest.raises(LaunchError, match="built without Gloo.*apt-get install -y libgloo-dev"):
+        choose_gloo(_args("--gloo"), {}, {"mpi": True, "gloo": False})
+    with pytest.raises(LaunchError, match="built without MPI"):
+        choose_gloo(_args("--mpi"), {}, {"mpi": False, "gloo": True})
+
+
+def test_library_backends_reads_the_built_library():
+    b = library_backends()
+    assert b["gloo"] or b["mpi"], b
+
+
+def _request(port: int, method: str, path: str, body: bytes = b""):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request(method, path, body=body)
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+def test_rendezvous_server_put_get_wait_exclusive():
+    with RendezvousServer("127.0.0.1") as srv:
+        p = srv.port
+        assert _request(p, "GET", "/s/k")[0] == 404
+        assert _request(p, "PUT", "/s/k", b"v1") == (200, b"")
+        assert _request(p, "GET", "/s/k") == (200, b"v1")
+        assert _request(p, "GET", "/other/k")[0] == 404  # scopes are apart
+        assert _request(p, "PUT", "/s/k?exclusive=1", b"v2")[0] == 409
+        assert _request(p, "GET", "/s/k") == (200, b"v1")
+        # A waiting GET returns as soon as the key is set.
+        threading.Timer(0.3, lambda: _request(p, "PUT", "/s/late", b"x")).start()
+        t = time.monotonic()
+        assert _request(p, "GET", "/s/late?wait_ms=5000") == (200, b"x")
+        assert time.monotonic() - t < 3
+        t = time.monotonic()
+        assert _request(p, "GET", "/s/never?wait_ms=300")[0] == 404
+        assert 0.25 < time.monotonic() - t < 3
+        assert srv.store.scopes() == {"s": 2}
+        assert _request(p, "DELETE", "/s")[0] == 200
+        assert srv.store.scopes() == {}
+
+
+def test_gloo_refuses_mpirun_only_flags():
+    from tfhvd.runner.launch import run_gloo
+
+    with pytest.raises(UsageError, match="without mpirun"):
+        run_gloo(_args("--gloo", "--mpi-args=--mca btl tcp"), {})
+    with pytest.raises(UsageError, match="not a subnet"):
+        run_gloo(_args("--gloo", "--network-interface", "10.0.0.0/24"), {"PATH": "/usr/bin"})
