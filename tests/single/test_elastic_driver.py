@@ -263,3 +263,22 @@ def test_straggler_is_stopped_after_the_timeout():
 def test_driver_rejects_bad_sizes():
     with pytest.raises(ValueError, match="min-np"):
         Sim({"a": 1}, np=1, min_np=2)
+
+
+def test_a_long_poll_of_an_ended_world_returns_when_the_next_forms():
+    """Otherwise a survivor would miss host updates for up to one poll (30 s)."""
+    sim = Sim({"a": 1, "b": 1}, np=2).start()
+    got = {}
+    poll = threading.Thread(target=lambda: got.update(
+        sim.driver.wait_notification("a:0", 1, 0, 30.0)))
+    poll.start()
+    time.sleep(0.1)
+    sim.driver.worker_exited("b:0", 1)
+    sim.join(sim.ready_async("a:0"))
+    poll.join(5)
+    assert not poll.is_alive() and got["round"] == 2
+    # In its new world the worker hears of the next change.
+    sim.discovery.set({"a": 1, "c": 1})
+    sim.driver.poll_hosts()
+    assert sim.driver.wait_notification("a:0", 2, 0, 0.1)["update"] == \
+        int(HostUpdateResult.added)

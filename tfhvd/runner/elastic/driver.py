@@ -210,12 +210,17 @@ class ElasticDriver:
 
     def wait_notification(self, wid: str, round_: int, since: int, wait: float) -> Dict:
         """Long poll: returns ``{"seq", "update"}`` once the hosts changed
-        during the worker's round, or after ``wait`` seconds."""
+        during the worker's round, or after ``wait`` seconds; at once with
+        ``"round"`` (the current one) when the worker's round is not it."""
         deadline = self.clock() + wait
         with self.cond:
             while not self.done:
                 w = self.world
-                if w is not None and w.round == round_ and self.seq > max(since, w.formed_seq):
+                if w is not None and w.round != round_:
+                    # The worker's world is gone (or not yet known to it): it asks
+                    # again once it is in the current one.
+                    return {"seq": since, "update": 0, "round": w.round}
+                if w is not None and self.seq > max(since, w.formed_seq):
                     return {"seq": self.seq, "update": int(self.update)}
                 left = deadline - self.clock()
                 if left <= 0:

@@ -37,6 +37,9 @@ ELASTIC_ENV = "HOROVOD_ELASTIC"
 TOPOLOGY_ENV = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
 NOTIFY_WAIT_S = 30.0
+# Set whenever this process joins a new world (apply_world), for the
+# notification thread waiting to ask about it.
+_world_changed = threading.Event()
 
 
 class HostUpdateResult(IntFlag):
@@ -91,9 +94,10 @@ def apply_world(world: Dict[str, Any]) -> None:
         value = str(int(world[key]))
         os.environ["HOROVOD_" + key.upper()] = value
         os.environ["TFHVD_" + key.upper()] = value
-    os.environ[ROUND_ENV] = str(int(world["round"]))
     for name, value in (world.get("env") or {}).items():
         os.environ[str(name)] = str(value)
+    os.environ[ROUND_ENV] = str(int(world["round"]))
+    _world_changed.set()
 
 
 def next_world(reason: str, timeout: Optional[float] = None) -> Dict[str, Any]:
@@ -168,6 +172,13 @@ class WorkerNotificationManager:
                 # slowly rather than spin.
                 if self._stop.wait(5.0):
                     return
+                continue
+            newer = int(answer.get("round", 0))
+            if newer > current_round():
+                # Our world ended; wait (sleeping) until this process joins the next.
+                _world_changed.clear()
+                if newer > current_round():
+                    _world_changed.wait(5.0)
                 continue
             seq = int(answer.get("seq", 0))
             if seq > last_seq:
