@@ -117,3 +117,41 @@ def test_worker_of_a_removed_host_leaves(tmp_path):
     assert [r["worker"] for r in recs if r["ev"] == "leave"] == ["127.0.0.2:0"]
     assert [(r["worker"], r["size"]) for r in recs if r["ev"] == "world"] == \
         [("127.0.0.1:0", 1)]
+
+
+def _rank_and_world():
+    return int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
+
+
+def _raise_on_second():
+    if os.environ["HOROVOD_RANK"] == "1":
+        raise ValueError("bad input on the second worker")
+    return 0
+
+
+def test_tfhvd_run_elastic_returns_the_last_worlds_results(tmp_path):
+    import tfhvd
+    from tfhvd.runner import RunError
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1:1\n127.0.0.2:1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    out = tfhvd.run(_rank_and_world, np=2, min_np=1, max_np=2, env=env,
+                    host_discovery_script="cat %s" % hostfile, timeout=60,
+                    stdout=io.StringIO(), stderr=io.StringIO())
+    assert out == [(0, 2), (1, 2)]
+    with pytest.raises(RunError, match="ValueError: bad input on the second worker"):
+        tfhvd.run(_raise_on_second, np=2, min_np=2, hosts="localhost:2", env=env,
+                  timeout=60, stdout=io.StringIO(), stderr=io.StringIO())
+    with pytest.raises(TypeError, match="min_nproc"):
+        tfhvd.run(_rank_and_world, np=1, min_nproc=1)
+
+
+def test_elastic_timeout_from_horovods_variable():
+    from tfhvd.runner.args import elastic_timeout
+
+    a = parse_args(["--min-np", "1", "--host-discovery-script", "x", "python", "t.py"])
+    assert elastic_timeout(a, {"HOROVOD_ELASTIC_TIMEOUT": "42"}) == 42.0
+    assert elastic_timeout(a, {}) == 600.0
+    with pytest.raises(UsageError, match="HOROVOD_ELASTIC_TIMEOUT"):
+        elastic_timeout(a, {"HOROVOD_ELASTIC_TIMEOUT": "soon"})
