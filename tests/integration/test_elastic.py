@@ -241,6 +241,9 @@ def test_twenty_resets_leak_nothing(tmp_path):
         assert last["threads"] <= first["threads"], (w, first, last)
         assert last["fds"] <= first["fds"], (w, first, last)
         assert last["rss_kb"] - first["rss_kb"] < 30 * 1024, (w, first, last)
+        print("%s after resets 3 and 20: threads %d -> %d, fds %d -> %d, rss %d -> %d MiB"
+              % (w, first["threads"], last["threads"], first["fds"], last["fds"],
+                 first["rss_kb"] // 1024, last["rss_kb"] // 1024))
     resets = run.of("reset", "127.0.0.1:0")
     gaps = []
     for r in resets:
