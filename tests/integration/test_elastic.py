@@ -14,6 +14,7 @@ weights equal an uninterrupted run's within 1e-5.
 """
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from jobs import SCRIPTS, clean_env, tfhvdrun
+from jobs import ROOT, SCRIPTS, clean_env, tfhvdrun
 
 TRAIN = os.path.join(SCRIPTS, "elastic_train.py")
 DISCOVER = os.path.join(SCRIPTS, "elastic_discover.py")
@@ -254,3 +255,18 @@ def test_twenty_resets_leak_nothing(tmp_path):
     gaps.sort()
     print("reset cost (last step before -> first step after), median of %d: %.3f s"
           % (len(gaps), gaps[len(gaps) // 2]))
+
+
+def test_keras_digits_elastic_example_runs(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.1:1\n127.0.0.2:1\n")
+    example = os.path.join(ROOT, "examples", "keras_digits_elastic.py")
+    cmd = tfhvdrun() + ["-np", "2", "--min-np", "1", "--max-np", "4",
+                        "--host-discovery-script", "cat %s" % hostfile,
+                        sys.executable, example, "--epochs", "2"]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "epoch 2: 2 workers" in proc.stdout, proc.stdout[-3000:]
+    acc = [float(a) for a in re.findall(r"test accuracy ([\d.]+)", proc.stdout)]
+    assert acc and acc[-1] > 0.5, proc.stdout[-2000:]
