@@ -117,6 +117,7 @@ class ElasticJob:
                     info["cross_rank"], info["cross_size"])
         extra = dict(settings_env(self.args))
         extra.update({wk.ELASTIC_ENV: "1", wk.DRIVER_ENV: self.addr, wk.WORKER_ENV: wid,
+                      wk.TOKEN_ENV: self.service.token,
                       wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1"})
         if not any(self.env.get(p + "GLOO_TIMEOUT_SECONDS") for p in ("TFHVD_", "HOROVOD_")):
             # A new world waits at the rendezvous for its newcomers to start.

@@ -11,12 +11,15 @@ launcher can serve these paths; :class:`ElasticService` is a small threaded
 server that serves only them.
 """
 
+import hmac
 import json
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Optional, Tuple
 
 from tfhvd.runner.elastic.driver import ElasticDriver
+from tfhvd.runner.elastic.worker import TOKEN_HEADER
 
 MAX_NOTIFY_WAIT_S = 60.0
 
@@ -34,24 +37,38 @@ def handle_elastic(driver: ElasticDriver, path: str,
 
 
 class ElasticService:
-    """A threaded HTTP server for the elastic endpoints, on ``addr``:ephemeral port."""
+    """A threaded HTTP server for the elastic endpoints, on ``addr``:ephemeral port.
 
-    def __init__(self, driver: ElasticDriver, addr: str = "0.0.0.0") -> None:
+    Requests must carry ``token`` (given to workers as ``TFHVD_ELASTIC_TOKEN``);
+    others get 403, so nothing else on the network can take part in the job.
+    """
+
+    def __init__(self, driver: ElasticDriver, addr: str = "0.0.0.0",
+                 token: Optional[str] = None) -> None:
         self.driver = driver
+        self.token = token or secrets.token_hex(16)
+        expected = self.token.encode()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
+                given = (self.headers.get(TOKEN_HEADER) or "").encode()
+                raw = self.rfile.read(length)
+                if not hmac.compare_digest(given, expected):
+                    self._send(403, {"error": "not a worker of this job"})
+                    return
+                result: Optional[Tuple[int, Dict[str, Any]]]
                 try:
-                    body = json.loads(self.rfile.read(length).decode() or "{}")
-                    result = handle_elastic(driver, self.path, body)
+                    result = handle_elastic(driver, self.path, json.loads(raw.decode() or "{}"))
                 except (ValueError, KeyError, TypeError) as e:
                     result = (400, {"error": "bad request: %s" % e})
                 if result is None:
                     result = (404, {"error": "no such path %s" % self.path})
-                code, answer = result
+                self._send(*result)
+
+            def _send(self, code: int, answer: Dict[str, Any]) -> None:
                 data = json.dumps(answer).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")

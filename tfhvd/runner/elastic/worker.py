@@ -33,6 +33,8 @@ DRIVER_ENV = "TFHVD_ELASTIC_DRIVER"
 WORKER_ENV = "TFHVD_ELASTIC_WORKER"
 ROUND_ENV = "TFHVD_ELASTIC_ROUND"
 ELASTIC_ENV = "HOROVOD_ELASTIC"
+TOKEN_ENV = "TFHVD_ELASTIC_TOKEN"   # the job's secret: the driver answers no one else
+TOKEN_HEADER = "X-Tfhvd-Elastic-Token"
 # Topology variables a worker's runtime reads at init; rewritten at each reset.
 TOPOLOGY_ENV = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
@@ -72,7 +74,8 @@ def _url(path: str) -> str:
 def _post(path: str, body: Dict[str, Any], timeout: Optional[float]) -> Dict[str, Any]:
     data = json.dumps(body).encode()
     req = urllib.request.Request(_url(path), data=data, method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          TOKEN_HEADER: os.environ.get(TOKEN_ENV, "")})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read().decode() or "{}")
 
