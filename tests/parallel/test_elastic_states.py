@@ -255,3 +255,17 @@ def _single_process_reference(x, y, epochs):
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
     return np.concatenate([v.numpy().ravel() for v in model.variables])
+
+
+def test_elastic_dataset_for_fit_starts_at_the_committed_batch():
+    x = np.arange(48, dtype=np.float32).reshape(24, 2)
+    y = np.arange(24, dtype=np.float32)
+    data = hvd.elastic.ElasticDataset((x, y), global_batch_size=6, seed=2)
+    state = hvd.elastic.ObjectState(epoch=1, batch=2)
+    batches = list(data.dataset(state))
+    assert len(batches) == data.batches_per_epoch - 2
+    for b, (xb, yb) in zip(range(2, data.batches_per_epoch), batches):
+        idx = data.batches.share(1, b, hvd.rank(), hvd.size())
+        assert np.array_equal(yb.numpy(), y[idx]) and np.array_equal(xb.numpy(), x[idx])
+    with pytest.raises(ValueError, match="differ in length"):
+        hvd.elastic.ElasticDataset((x, y[:3]), global_batch_size=6)
