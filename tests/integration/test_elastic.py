@@ -163,6 +163,18 @@ def test_worker_sigkilled(tmp_path, reference):
     assert cost < 10.0, run.explain()
 
 
+def test_newcomer_dying_before_init_does_not_stop_the_job(tmp_path, reference):
+    """The survivors wait for it at the rendezvous (--start-timeout), then form a
+    world without it (its host is blacklisted)."""
+    run = run_elastic(tmp_path, [[{}, hosts(1, 2)], [{"epoch": 1}, hosts(1, 2, 3)]], 2,
+                      "--min-np", "1", "--start-timeout", "8",
+                      train_args=["--fault", "127.0.0.3:0:-1:-1:startfail"])
+    check_training(run, 2)
+    assert "worker 127.0.0.3:0 failed with exit code 3" in run.err, run.explain()
+    assert run.sizes()[0] == 2 and run.sizes()[-1] == 2, run.explain()
+    assert_exact(run, reference)
+
+
 def test_worker_raises(tmp_path):
     run = run_elastic(tmp_path, [[{}, hosts(1, 2, 3)]], 3, "--min-np", "1",
                       train_args=["--fault", "127.0.0.2:0:2:1:raise"])

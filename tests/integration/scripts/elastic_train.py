@@ -87,6 +87,11 @@ def maybe_fault(epoch, batch):
             raise hvd.HorovodInternalError("injected reset at %d/%d" % (epoch, batch))
 
 
+for spec in args.fault:  # WORKER:-1:-1:startfail: a newcomer that dies before init
+    if spec.endswith(":-1:-1:startfail") and spec.rsplit(":", 3)[0] in ("*", WID):
+        log("fault", mode="startfail", epoch=-1, batch=-1)
+        os._exit(3)
+
 hvd.init()
 rng = np.random.default_rng(0)
 x = rng.normal(size=(args.examples, 4)).astype(np.float32)

@@ -19,7 +19,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, TextIO
 
 from tfhvd.runner import hosts as hostlib
-from tfhvd.runner.args import elastic_timeout, settings_env
+from tfhvd.runner.args import elastic_timeout, settings_env, start_timeout
 from tfhvd.runner.elastic import worker as wk
 from tfhvd.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscoveryScript, \
     HostManager
@@ -120,8 +120,10 @@ class ElasticJob:
                       wk.TOKEN_ENV: self.service.token,
                       wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1"})
         if not any(self.env.get(p + "GLOO_TIMEOUT_SECONDS") for p in ("TFHVD_", "HOROVOD_")):
-            # A new world waits at the rendezvous for its newcomers to start.
-            extra["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(int(self.driver.timeout))
+            # A new world waits this long at the rendezvous for its newcomers (as
+            # under tfhvdrun --gloo); a newcomer that never comes fails the wait,
+            # and the survivors ask for a world without it.
+            extra["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(start_timeout(self.args, self.env))
         extra.update(self.driver.world_env(world) if self.driver.world_env else {})
         iface = self.iface or (None if self.remote else "lo")
         return worker_env(self.env, slot, info["size"], self.host_addr, self.rendezvous_port,
