@@ -51,6 +51,16 @@ def test_output_is_tagged_and_env_is_passed(under_gloo):
         assert "[1,%d]<stdout>:probe %d passed" % (r, r) in job.out, job.explain()
 
 
+def test_output_filename_gets_each_ranks_lines(under_gloo, tmp_path):
+    code = "import os, sys; print('out', os.environ['HOROVOD_RANK']); print('err', file=sys.stderr)"
+    job = launch(["-np", "2", "--output-filename", str(tmp_path), sys.executable, "-c", code],
+                 timeout=60)
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        assert (tmp_path / ("rank.%d" % r) / "stdout").read_text() == "out %d\n" % r
+        assert "err\n" in (tmp_path / ("rank.%d" % r) / "stderr").read_text()
+
+
 def test_nonzero_exit_names_the_rank_and_ends_the_job(under_gloo):
     code = ("import os, sys, time\n"
             "if os.environ['HOROVOD_RANK'] == '2': sys.exit(7)\n"
@@ -163,6 +173,16 @@ def test_ranks_whose_environment_disagrees_fail_with_both_named():
     # Rank 0 is not left waiting: it gives up after the rendezvous timeout.
     assert "timed out" in out[0] and "key" in out[0], out[0]
     assert secs < 60
+
+
+def test_a_local_rank_that_contradicts_the_hosts_is_named():
+    rc, out, secs = _pair([{"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"},
+                           {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"}],
+                          INIT)
+    assert rc[0] != 0, out
+    assert "rank 0 was started with HOROVOD_LOCAL_RANK=1 but the job's hosts make it 0" in out[0], \
+        out[0]
+    assert rc[1] != 0 and secs < 60, out  # its peer is gone: it fails too, never hangs
 
 
 def test_two_processes_with_one_rank_are_refused():

@@ -128,11 +128,21 @@ def test_np_larger_than_the_slots():
 
 
 def test_missing_mpirun_says_how_to_install_it(tmp_path):
+    from tfhvd.runner.launch import library_backends
+
     env = clean_env({"PATH": str(tmp_path)})
-    job = run([PY, "-m", "tfhvd.runner", "-np", "1", PY, "-c", "pass"], env=env, timeout=30)
+    job = run([PY, "-m", "tfhvd.runner", "--mpi", "-np", "1", PY, "-c", "pass"], env=env,
+              timeout=30)
     assert job.rc == 127, job.explain()
     assert "mpirun was not found on PATH" in job.err
     assert "apt-get install -y openmpi-bin" in job.err
+    # Without --mpi, a library with Gloo runs the job without mpirun (Horovod's default).
+    job = run([PY, "-m", "tfhvd.runner", "-np", "1", PY, "-c", "print('ran')"], env=env,
+              timeout=30)
+    if library_backends()["gloo"]:
+        assert job.rc == 0 and "[1,0]<stdout>:ran" in job.out, job.explain()
+    else:
+        assert job.rc == 127 and "mpirun was not found on PATH" in job.err, job.explain()
 
 
 def test_missing_script():

@@ -16,6 +16,7 @@ import tensorflow as tf
 import tfhvd.tensorflow as hvd
 
 UNDER_GLOO = bool(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"))
+hvd_rank = int(os.environ.get("HOROVOD_RANK", "0"))
 CYCLES = 20
 
 
@@ -89,3 +90,22 @@ def test_reinit_cycles_do_not_leak():
     assert after[2] - before[2] < 30, "memory grew %.1f MB over %d re-inits" % (
         after[2] - before[2], CYCLES)
     assert hvd.size() >= 1 and hvd.is_initialized()
+
+
+@pytest.mark.skipif(not UNDER_GLOO, reason="only a job started by tfhvdrun --gloo")
+def test_reinit_on_a_scope_the_driver_names():
+    # An elastic driver names each world's rendezvous scope (it is honoured:
+    # naming a used one again meets the old world's keys and fails cleanly on
+    # every rank), and a fresh name makes a fresh world.
+    try:
+        os.environ["HOROVOD_GLOO_SCOPE"] = "driver-round-0"
+        _cycle(100)
+        hvd.shutdown()
+        with pytest.raises(ValueError, match="two processes were started as rank %d" % hvd_rank):
+            hvd.init()
+        for i in (1, 2):
+            os.environ["HOROVOD_GLOO_SCOPE"] = "driver-round-%d" % i
+            _cycle(100 + i)
+    finally:
+        os.environ.pop("HOROVOD_GLOO_SCOPE", None)
+    _cycle(200)

@@ -37,6 +37,9 @@ def test_worker_env_sets_horovod_names_and_drops_stale_ones():
     assert env["HOROVOD_GLOO_IFACE"] == "eth0" and env["HOROVOD_HOSTNAME"] == "h"
     assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_CPU_OPERATIONS"] == "gloo"
     assert env["TFHVD_FUSION_THRESHOLD"] == "1" and env["TFHVD_CYCLE_TIME"] == "2"
+    assert "HOROVOD_GLOO_SCOPE" not in env
+    scoped = worker_env(base, Slot(0, "h", 0, 1, 0, 1), 1, "a", 1, None, scope="round3")
+    assert scoped["HOROVOD_GLOO_SCOPE"] == "round3" and "HOROVOD_GLOO_IFACE" not in scoped
 
 
 def test_remote_command_passes_the_environment_like_mpirun_x():

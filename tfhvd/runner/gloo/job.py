@@ -111,9 +111,13 @@ class GlooJob:
         self._stop.set()
 
     def wait(self, timeout: Optional[float] = None,
-             on_exit: Optional[Callable[[Worker, int], None]] = None) -> Optional[int]:
+             on_exit: Optional[Callable[[Worker, int], None]] = None,
+             stop_on_failure: bool = True) -> Optional[int]:
         """Waits for every rank.  Returns the job's exit code, or None when
-        ``timeout`` passed first (the ranks are then stopped)."""
+        ``timeout`` passed first (the ranks are then stopped).  ``on_exit``
+        sees each rank's exit; with ``stop_on_failure`` (tfhvdrun's rule)
+        the first failure stops the other ranks, without it (a driver that
+        replaces lost workers) they keep running."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = list(self.workers)
         while pending:
@@ -133,10 +137,12 @@ class GlooJob:
                 if code != 0 and self.first_failure is None:
                     self.first_failure = w
                     self._tracker.record_exit(w.rank, code, w.slot.hostname)
-                    self._err.write("tfhvdrun: rank %d (%s) %s; stopping the other ranks\n" % (
-                        w.rank, w.slot.hostname, _describe(code)))
+                    self._err.write("tfhvdrun: rank %d (%s) %s%s\n" % (
+                        w.rank, w.slot.hostname, _describe(code),
+                        "; stopping the other ranks" if stop_on_failure else ""))
                     self._err.flush()
-                    self.stop_all()
+                    if stop_on_failure:
+                        self.stop_all()
             # Sleeps between looks: exits are rare events, a few per job.
             self._stop.wait(0.2)
         return self.exit_code()

@@ -55,10 +55,13 @@ def plan_slots(hosts: Sequence[HostSlots], num_proc: int) -> List[Slot]:
 
 
 def worker_env(base: Mapping[str, str], slot: Slot, size: int, addr: str, port: int,
-               iface: Optional[str], extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+               iface: Optional[str], extra: Optional[Mapping[str, str]] = None,
+               scope: Optional[str] = None) -> Dict[str, str]:
     """A rank's environment: ``base`` without other jobs' per-rank
     variables, then Horovod's launch variables (and their TFHVD_* twins are
-    not set, so a user's TFHVD_RANK cannot shadow them), then ``extra``."""
+    not set, so a user's TFHVD_RANK cannot shadow them), then ``extra``.
+    ``scope`` sets HOROVOD_GLOO_SCOPE, the rendezvous scope of the rank's
+    next ``init()`` (a driver that rebuilds worlds gives each its own)."""
     drop = {p + k for p in ("TFHVD_", "HOROVOD_") for k in _WORKER_KEYS}
     env = {k: v for k, v in base.items() if k not in drop}
     env.update({
@@ -76,6 +79,8 @@ def worker_env(base: Mapping[str, str], slot: Slot, size: int, addr: str, port: 
     })
     if iface:
         env["HOROVOD_GLOO_IFACE"] = iface
+    if scope:
+        env["HOROVOD_GLOO_SCOPE"] = scope
     env.update(extra or {})
     return env
 
