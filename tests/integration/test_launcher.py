@@ -300,7 +300,7 @@ def test_run_rejects_bad_arguments():
 
     with pytest.raises(ValueError, match="larger than the 1 slot"):
         tfhvd_run(where_am_i, args=(0,), np=2, hosts="localhost:1")
-    with pytest.raises(TypeError, match="no elastic mode"):
-        tfhvd_run(where_am_i, np=1, min_np=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument min_nproc"):
+        tfhvd_run(where_am_i, np=1, min_nproc=1)  # elastic keywords are checked
     with pytest.raises(ValueError, match="not both"):
         tfhvd_run(where_am_i, np=1, use_gloo=True, use_mpi=True)

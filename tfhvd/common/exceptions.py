@@ -19,14 +19,16 @@ TfhvdInternalError = HorovodInternalError
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts in an elastic job changed (Horovod's class of the same name).
+    """The launcher's set of hosts changed (Horovod's class of the same name): every
+    worker raises this at the same commit, so that the job can re-form with the new hosts.
 
-    In elastic mode this resets the job; ``skip_sync`` says whether the state need
-    not be synchronised again (hosts were only removed).
+    ``skip_sync`` is True when hosts were only removed: the survivors already
+    hold the same state, so ``hvd.elastic.run`` does not broadcast it again
+    (unless the new world has newcomers after all).
     """
 
-    def __init__(self, skip_sync: bool) -> None:
-        super().__init__("the hosts of the job changed")
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the set of hosts of this elastic job changed")
         self.skip_sync = skip_sync
 
 

@@ -76,6 +76,28 @@ class _Collector:
         return ok, task.decode(data)
 
 
+def attach_payload(fn: Callable[..., Any], args: Sequence[Any],
+                   kwargs: Optional[Mapping[str, Any]], env: Dict[str, str]) -> Optional[str]:
+    """Puts the pickled call into ``env`` (or a file it names, returned so the
+    caller removes it) for :mod:`tfhvd.runner.task`."""
+    try:
+        call = task.dumps((fn, tuple(args), dict(kwargs or {})))
+    except Exception as e:
+        raise TypeError("tfhvd.run() cannot pickle %r with its arguments: %s (install "
+                        "cloudpickle to send lambdas and closures)" % (fn, e)) from e
+    sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
+    payload = task.encode({"call": call, "sys_path": sys_path})
+    if len(payload) <= _ENV_PAYLOAD_LIMIT:
+        env[task.PAYLOAD_ENV] = payload
+        return None
+    fd, payload_file = tempfile.mkstemp(prefix="tfhvd-run-", suffix=".payload")
+    with os.fdopen(fd, "w") as f:
+        f.write(payload)
+    env[task.PAYLOAD_FILE_ENV] = payload_file
+    env.pop(task.PAYLOAD_ENV, None)
+    return payload_file
+
+
 def _launcher_argv(np: int, hosts: Optional[str], hostfile: Optional[str],
                    options: Mapping[str, Any], command: Sequence[str]) -> List[str]:
     argv = ["-np", str(np)]
@@ -129,31 +151,18 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
     cannot run (bad host list, ``np`` larger than the slots, no mpirun,
     unreachable host).
     """
-    unsupported = sorted(k for k, v in elastic.items() if v is not None)
-    if unsupported:
-        raise TypeError("tfhvd.run() does not support %s (tfhvd has no elastic mode)"
-                        % ", ".join(unsupported))
+    if any(v is not None for v in elastic.values()):
+        from tfhvd.runner.elastic.api import run_elastic_fn
+
+        return run_elastic_fn(fn, args, kwargs, np=np, hosts=hosts, env=env,
+                              executable=executable, timeout=timeout, stdout=stdout,
+                              stderr=stderr, verbose=verbose, **elastic)
     if use_gloo and use_mpi:
         raise ValueError("tfhvd.run(): give use_gloo=True or use_mpi=True, not both")
     if not callable(fn):
         raise TypeError("tfhvd.run() needs a function, got %r" % (fn,))
     base_env = dict(os.environ if env is None else env)
-    try:
-        call = task.dumps((fn, tuple(args), dict(kwargs or {})))
-    except Exception as e:
-        raise TypeError("tfhvd.run() cannot pickle %r with its arguments: %s (install "
-                        "cloudpickle to send lambdas and closures)" % (fn, e)) from e
-    sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
-    payload = task.encode({"call": call, "sys_path": sys_path})
-    payload_file = None
-    if len(payload) > _ENV_PAYLOAD_LIMIT:
-        fd, payload_file = tempfile.mkstemp(prefix="tfhvd-run-", suffix=".payload")
-        with os.fdopen(fd, "w") as f:
-            f.write(payload)
-        base_env[task.PAYLOAD_FILE_ENV] = payload_file
-        base_env.pop(task.PAYLOAD_ENV, None)
-    else:
-        base_env[task.PAYLOAD_ENV] = payload
+    payload_file = attach_payload(fn, args, kwargs, base_env)
     command = [executable or sys.executable, "-m", "tfhvd.runner.task"]
     options = dict(start_timeout=start_timeout, ssh_port=ssh_port,
                    ssh_identity_file=ssh_identity_file, network_interface=network_interface,

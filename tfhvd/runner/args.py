@@ -82,6 +82,27 @@ def make_parser() -> argparse.ArgumentParser:
                              "(locally or over ssh) and they meet through its rendezvous "
                              "server over Gloo.")
 
+    elastic = p.add_argument_group("elastic")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=_positive_int,
+                         help="Elastic: fewest processes to keep training with (default -np).")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=_positive_int,
+                         help="Elastic: most processes to run (default: every slot found).")
+    elastic.add_argument("--host-discovery-script", dest="host_discovery_script",
+                         help="Elastic: a command that prints the available hosts, one "
+                              "'host:slots' (or 'host') per line; run every second.")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=_positive_int,
+                         help="Elastic: slots of a host the discovery script prints "
+                              "without ':slots'.")
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=_non_negative(int),
+                         help="Elastic: stop the job after this many resets.")
+    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
+                         metavar=("LOW", "HIGH"),
+                         help="Elastic: seconds; a blacklisted host may return after a "
+                              "cooldown between them (default: never).")
+    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=_positive_int,
+                         help="Elastic: seconds to wait for enough slots, and for workers to "
+                              "reach a reset (default $HOROVOD_ELASTIC_TIMEOUT or 600).")
+
     ssh = p.add_argument_group("ssh")
     ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=_positive_int,
                      help="ssh port of the remote hosts.")
@@ -153,11 +174,57 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         raise UsageError("give either -H/--hosts or --hostfile, not both")
     if not args.command:
         raise UsageError("no command given: tfhvdrun -np N [options] python train.py")
-    if args.num_proc is None:
+    if is_elastic(args):
+        _check_elastic(args)
+    elif args.num_proc is None:
         raise UsageError("-np/--num-proc is required (the number of processes to start)")
     if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
         raise UsageError("-i/--ssh-identity-file %s: no such file" % args.ssh_identity_file)
     return args
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for an elastic job."""
+    return bool(args.host_discovery_script or args.min_num_proc or args.max_num_proc)
+
+
+def _check_elastic(args: argparse.Namespace) -> None:
+    if args.hostfile:
+        raise UsageError("an elastic job takes its hosts from --host-discovery-script or -H, "
+                         "not --hostfile")
+    if args.hosts and args.host_discovery_script:
+        raise UsageError("give either -H/--hosts or --host-discovery-script, not both")
+    if args.num_proc is None:
+        args.num_proc = args.min_num_proc or 1
+    if args.min_num_proc is None:
+        args.min_num_proc = args.num_proc
+    if args.min_num_proc > args.num_proc:
+        raise UsageError("--min-np %d is larger than -np %d" % (args.min_num_proc,
+                                                                args.num_proc))
+    if args.max_num_proc is not None and args.max_num_proc < args.num_proc:
+        raise UsageError("--max-np %d is smaller than -np %d" % (args.max_num_proc,
+                                                                 args.num_proc))
+    if args.cooldown_range is not None:
+        from tfhvd.runner.elastic.discovery import parse_cooldown_range
+
+        try:
+            args.cooldown_range = parse_cooldown_range(",".join(args.cooldown_range))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+
+def elastic_timeout(args: argparse.Namespace, env: Dict[str, str]) -> float:
+    """``--elastic-timeout``, else ``$TFHVD_ELASTIC_TIMEOUT``/``$HOROVOD_ELASTIC_TIMEOUT``,
+    else 600 s."""
+    if args.elastic_timeout is not None:
+        return float(args.elastic_timeout)
+    for name in ("TFHVD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"):
+        if env.get(name):
+            try:
+                return float(_positive_int(env[name]))
+            except argparse.ArgumentTypeError as e:
+                raise UsageError("%s: %s" % (name, e)) from None
+    return 600.0
 
 
 def settings_env(args: argparse.Namespace) -> Dict[str, str]:

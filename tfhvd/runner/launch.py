@@ -20,8 +20,8 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import hosts as hostlib
-from tfhvd.runner.args import (UsageError, parse_args, settings_env, split_mpi_args,
-                               start_timeout)
+from tfhvd.runner.args import (UsageError, is_elastic, parse_args, settings_env,
+                               split_mpi_args, start_timeout)
 from tfhvd.runner.hosts import HostError, HostSlots
 from tfhvd.runner.output import Demux, FailureTracker, Line, LineSink
 
@@ -399,6 +399,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             print(check_build(), flush=True)
             return 0
+        if is_elastic(args):
+            check_program(args.command, env)
+            from tfhvd.runner.elastic.launch import run_elastic
+
+            return run_elastic(args, env)
         if choose_gloo(args, env):
             return run_gloo(args, env)
         cmd = prepare(argv, env)

@@ -43,7 +43,8 @@ def decode(text: str) -> Any:
 
 
 def world_rank() -> int:
-    """This process's rank from the launcher's environment (mpirun or tfhvdrun --gloo)."""
+    """This process's rank from the launcher's environment (mpirun or tfhvdrun
+    --gloo; an elastic worker's ``HOROVOD_RANK`` is its rank in the latest world)."""
     for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
@@ -78,7 +79,6 @@ def _load_payload() -> Dict[str, Any]:
 
 
 def main() -> int:
-    rank = world_rank()
     try:
         payload = _load_payload()
         for p in reversed(payload.get("sys_path", [])):
@@ -93,6 +93,7 @@ def main() -> int:
         sys.stderr.write(value["traceback"])
     sys.stdout.flush()
     sys.stderr.flush()
+    rank = world_rank()  # after fn: an elastic job may have changed it
     try:
         lines = result_lines(rank, ok, value)
     except Exception as e:  # noqa: BLE001 - an unpicklable result

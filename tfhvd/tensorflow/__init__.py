@@ -44,11 +44,13 @@ def __getattr__(name: str):
     raise AttributeError("module 'tfhvd.tensorflow' has no attribute %r" % name)
 
 
+from tfhvd.tensorflow import elastic  # noqa: E402  (hvd.elastic.run, as in Horovod)
+
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedOptimizer",
     "DistributedGradientTape", "HorovodInternalError", "HostsUpdatedInterrupt",
     "PartialDistributedGradientTape", "SyncBatchNormalization", "check_num_rank_power_of_2",
-    "handle_average_backwards_compatibility",
+    "handle_average_backwards_compatibility", "elastic",
     "Max", "Min", "ProcessSet", "Product", "Sum", "TfhvdInternalError", "__version__",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
     "broadcast_", "broadcast_global_variables", "broadcast_object_fn",

@@ -25,7 +25,8 @@ from tfhvd._keras.horovod_api import tf_keras_distributed_optimizer as Distribut
 from tfhvd._keras.horovod_api import partial_distributed_optimizer as PartialDistributedOptimizer
 from tfhvd._keras.horovod_api import allgather, allreduce, broadcast, reducescatter
 from tfhvd.tensorflow import (Adasum, Average, Compression, DistributedGradientTape,
-                              HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                              HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                              ProcessSet, Product, Sum,
                               TfhvdInternalError, __version__, allgather_object,
                               alltoall, barrier, broadcast_object,
                               broadcast_variables, cross_rank, cross_size, gloo_built,
@@ -63,12 +64,14 @@ def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None
 
 
 from tfhvd.tensorflow.keras import callbacks  # noqa: E402  (hvd.callbacks.X, as in Horovod)
+from tfhvd.tensorflow.keras import elastic  # noqa: E402  (hvd.elastic.X, as in Horovod)
 
 __all__ = [
     "broadcast_global_variables", "ccl_built", "cuda_built", "ddl_built", "gloo_built",
     "gloo_enabled", "rocm_built",
     "Adasum", "Average", "BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
     "Compression", "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "elastic",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback", "Max",
     "MetricAverageCallback", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product",
     "Sum", "SyncBatchNormalization", "TfhvdInternalError", "__version__", "allgather",

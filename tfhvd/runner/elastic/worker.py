@@ -1,0 +1,189 @@
+"""The worker's side of the elastic driver: host-update notifications and the
+request for the next world after a reset.
+
+A worker started by the elastic driver finds it through ``TFHVD_ELASTIC_DRIVER``
+(``addr:port``) and knows itself by ``TFHVD_ELASTIC_WORKER`` (``host:slot``,
+fixed for the life of the process, unlike its rank).  Two conversations, both
+plain HTTP with JSON bodies against the driver's service
+(:mod:`tfhvd.runner.elastic.service`):
+
+* **notifications**: a daemon thread long-polls ``GET /elastic/notify`` with
+  the world (round) it belongs to.  The request blocks in the driver until the
+  hosts change or 30 s pass, so an idle worker costs one sleeping thread and
+  one request every 30 s, never a busy loop.  Each update is handed to the
+  registered listeners (the ``State`` objects), which act on it at their next
+  ``commit()``.
+* **the next world**: after ``shutdown()`` the worker posts
+  ``/elastic/ready``; the answer comes when the driver has formed the next
+  round (every worker of the old one is ready, finished or gone), and says
+  this worker's new rank and size, or that it must leave.
+
+Nothing here imports TensorFlow.
+"""
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from enum import IntFlag
+from typing import Any, Dict, Optional, Set
+
+DRIVER_ENV = "TFHVD_ELASTIC_DRIVER"
+WORKER_ENV = "TFHVD_ELASTIC_WORKER"
+ROUND_ENV = "TFHVD_ELASTIC_ROUND"
+ELASTIC_ENV = "HOROVOD_ELASTIC"
+TOKEN_ENV = "TFHVD_ELASTIC_TOKEN"   # the job's secret: the driver answers no one else
+TOKEN_HEADER = "X-Tfhvd-Elastic-Token"
+# Topology variables a worker's runtime reads at init; rewritten at each reset.
+TOPOLOGY_ENV = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+NOTIFY_WAIT_S = 30.0
+# Set whenever this process joins a new world (apply_world), for the
+# notification thread waiting to ask about it.
+_world_changed = threading.Event()
+
+
+class HostUpdateResult(IntFlag):
+    """What a host update did (Horovod's flags): hosts or slots removed, added."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = 3
+
+
+class ElasticJobError(RuntimeError):
+    """The driver ended the job (timeout, reset limit, every worker failed)."""
+
+
+class WorkerLeave(Exception):
+    """This worker has no place in the next world (its host was removed); it
+    should exit with status 0.  Raised by :func:`next_world`."""
+
+
+def in_elastic_job() -> bool:
+    """Whether this process was started by the elastic driver."""
+    return bool(os.environ.get(DRIVER_ENV))
+
+
+def _url(path: str) -> str:
+    return "http://%s%s" % (os.environ[DRIVER_ENV], path)
+
+
+def _post(path: str, body: Dict[str, Any], timeout: Optional[float]) -> Dict[str, Any]:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(_url(path), data=data, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          TOKEN_HEADER: os.environ.get(TOKEN_ENV, "")})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode() or "{}")
+
+
+def worker_id() -> str:
+    """``host:slot`` of this worker (the driver's name for it)."""
+    return os.environ.get(WORKER_ENV, "")
+
+
+def current_round() -> int:
+    """The world (round) this worker belongs to now."""
+    return int(os.environ.get(ROUND_ENV, "0") or 0)
+
+
+def apply_world(world: Dict[str, Any]) -> None:
+    """Writes a world's topology into this process's environment, where the
+    runtime reads it at ``init()`` (both ``HOROVOD_*`` and ``TFHVD_*`` names)."""
+    for key in TOPOLOGY_ENV:
+        value = str(int(world[key]))
+        os.environ["HOROVOD_" + key.upper()] = value
+        os.environ["TFHVD_" + key.upper()] = value
+    for name, value in (world.get("env") or {}).items():
+        os.environ[str(name)] = str(value)
+    os.environ[ROUND_ENV] = str(int(world["round"]))
+    _world_changed.set()
+
+
+def next_world(reason: str, timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Tells the driver this worker is ready for a new world and waits for it.
+
+    Returns the new world (``round``, ``rank``, ``size``, ..., ``fresh``: whether
+    it has workers that hold no state yet) after writing it to the environment.
+    Raises :class:`WorkerLeave` when this worker is not part of it and
+    :class:`ElasticJobError` when the driver ended the job.
+    """
+    body = {"worker": worker_id(), "round": current_round(), "reason": reason}
+    try:
+        answer = _post("/elastic/ready", body, timeout)
+    except (urllib.error.URLError, OSError) as e:
+        raise ElasticJobError("tfhvd elastic: lost the driver at %s (%s); the job has ended"
+                              % (os.environ.get(DRIVER_ENV), e)) from None
+    action = answer.get("action")
+    if action == "leave":
+        raise WorkerLeave(answer.get("message", "this worker is not part of the new world"))
+    if action != "run":
+        raise ElasticJobError(answer.get("message") or "tfhvd elastic: the driver ended the job")
+    apply_world(answer)
+    return answer
+
+
+class WorkerNotificationManager:
+    """Delivers the driver's host updates to listeners (``State`` objects).
+
+    ``init()`` starts the long-polling thread once, and only in a job started
+    by the elastic driver; elsewhere it does nothing and no update ever comes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: Set[Any] = set()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    def init(self) -> None:
+        """Starts listening to the driver (idempotent; a no-op outside elastic jobs)."""
+        with self._lock:
+            if self._thread is not None or not in_elastic_job():
+                return
+            self._thread = threading.Thread(target=self._poll, name="tfhvd-elastic-notify",
+                                            daemon=True)
+            self._thread.start()
+
+    def register_listener(self, listener: Any) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    def handle_hosts_updated(self, timestamp: int, update: HostUpdateResult) -> None:
+        """Passes one update to every listener (also what tests call directly)."""
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.on_hosts_updated(timestamp, update)
+
+    def _poll(self) -> None:
+        last_seq = 0
+        while not self._stop.is_set():
+            try:
+                body = {"worker": worker_id(), "round": current_round(), "since": last_seq,
+                        "wait": NOTIFY_WAIT_S}
+                answer = _post("/elastic/notify", body, NOTIFY_WAIT_S + 30)
+            except (urllib.error.URLError, OSError, ValueError):
+                # The driver is gone or restarting: the job is ending; try again
+                # slowly rather than spin.
+                if self._stop.wait(5.0):
+                    return
+                continue
+            newer = int(answer.get("round", 0))
+            if newer > current_round():
+                # Our world ended; wait (sleeping) until this process joins the next.
+                _world_changed.clear()
+                if newer > current_round():
+                    _world_changed.wait(5.0)
+                continue
+            seq = int(answer.get("seq", 0))
+            if seq > last_seq:
+                last_seq = seq
+                self.handle_hosts_updated(seq, HostUpdateResult(int(answer.get("update", 0))))
