@@ -37,8 +37,15 @@ int64_t RowElements(const Shape& s) {
 
 }  // namespace
 
+Collectives* Executor::CollectivesFor(ProcessSet& set, int device) {
+  if (set.id == 0) return backend_->collectives(device);
+  if (device < 0) return set.host.get();
+  return backend_->SubsetDeviceCollectives(set.id, set.host.get(), set.rank, set.size(), device);
+}
+
 void Executor::Execute(const Response& r,
-                       std::vector<std::unique_ptr<TensorTableEntry>>& entries) {
+                       std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+                       ProcessSet& set) {
   Status st;
   if (r.kind == ResponseKind::kError) {
     switch (r.error_code) {
@@ -56,7 +63,7 @@ void Executor::Execute(const Response& r,
         break;
       }
     }
-    Collectives* c = backend_->collectives(device);
+    Collectives* c = CollectivesFor(set, device);
     if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
       st = Status::FailedPrecondition(
           "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
@@ -70,7 +77,7 @@ void Executor::Execute(const Response& r,
     } else {
       for (size_t i = 0; i < entries.size(); ++i) {
         if (entries[i]) {
-          timeline_->Start(r.names[i], CollectiveName(p.type),
+          timeline_->Start(TimelineName(set.id, r.names[i]), CollectiveName(p.type),
                            entries[i]->input ? entries[i]->input->size_bytes() : 0);
         }
       }
@@ -81,13 +88,17 @@ void Executor::Execute(const Response& r,
       }
       if (st.ok()) {
         switch (p.type) {
-          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c); break;
+          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c, set); break;
           case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
-          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c); break;
-          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c); break;
-          case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c); break;
+          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c, set); break;
+          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c, set); break;
+          case CollectiveType::kReducescatter:
+            st = Reducescatter(r, *entries[0], c, set);
+            break;
           case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
           case CollectiveType::kBarrier: break;  // negotiation already synchronised
+          default:  // process-set changes are the runtime's (Runtime::ChangeSet)
+            st = Status::Internal("tfhvd: internal error: executor got a process-set change");
         }
       }
       // Outputs must be complete before the callbacks hand them back.
@@ -96,7 +107,7 @@ void Executor::Execute(const Response& r,
         if (st.ok()) st = sync;
       }
       for (size_t i = 0; i < entries.size(); ++i) {
-        if (entries[i]) timeline_->End(r.names[i]);
+        if (entries[i]) timeline_->End(TimelineName(set.id, r.names[i]));
       }
     }
     if (!st.ok() && st.message().find(r.names[0]) == std::string::npos) {
@@ -113,9 +124,9 @@ void Executor::Execute(const Response& r,
 
 Status Executor::Allreduce(const Response& r,
                            std::vector<std::unique_ptr<TensorTableEntry>>& entries,
-                           Collectives* c) {
+                           Collectives* c, const ProcessSet& set) {
   const CollectiveParams& p = r.params;
-  const int size = backend_->topology().size;
+  const int size = set.size();
   const int64_t esize = DataTypeSize(p.dtype);
   const double post = PostFactor(p, size);
   const ReduceOp op = WireOp(p.reduce_op);
@@ -166,10 +177,11 @@ Status Executor::Allreduce(const Response& r,
 void Executor::Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
                      const std::string& next) {
   if (!timeline_->enabled()) return;
+  const int32_t set = r.params.process_set_id;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!entries[i]) continue;
-    if (in_phase_) timeline_->End(r.names[i]);
-    if (!next.empty()) timeline_->Start(r.names[i], next);
+    if (in_phase_) timeline_->End(TimelineName(set, r.names[i]));
+    if (!next.empty()) timeline_->Start(TimelineName(set, r.names[i]), next);
   }
   in_phase_ = !next.empty();
 }
@@ -190,18 +202,20 @@ Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* 
   return c->Allgatherv(e.input->data(), e.input->size_bytes(), out->mutable_data(), recv_bytes);
 }
 
-Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c) {
-  const int root = r.params.root_rank;
+Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c,
+                           const ProcessSet& set) {
+  const int root = r.params.root_rank;  // a world rank, as in Horovod
   if (backend_->topology().rank == root && e.output->mutable_data() != e.input->data()) {
     TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), e.output->mutable_data(),
                                         e.input->size_bytes(), DataType::kUInt8, 1.0));
   }
-  return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), root);
+  return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), set.IndexOf(root));
 }
 
-Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c) {
-  const int size = backend_->topology().size;
-  const int rank = backend_->topology().rank;
+Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c,
+                          const ProcessSet& set) {
+  const int size = set.size();
+  const int rank = set.rank;
   const Shape& in = e.params.shape;
   const int64_t row_bytes = RowElements(in) * DataTypeSize(e.params.dtype);
   std::vector<int64_t> send_bytes(size), recv_bytes(size);
@@ -223,10 +237,11 @@ Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c
   return c->Alltoallv(e.input->data(), send_bytes, out->mutable_data(), recv_bytes);
 }
 
-Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c) {
+Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c,
+                               const ProcessSet& set) {
   const CollectiveParams& p = r.params;
-  const int size = backend_->topology().size;
-  const int rank = backend_->topology().rank;
+  const int size = set.size();
+  const int rank = set.rank;
   const int64_t d0 = p.shape[0];
   const int64_t row = RowElements(p.shape);
   std::vector<int64_t> counts(size);

@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "message.h"
+#include "process_set.h"
 #include "timeline.h"
 
 namespace tfhvd {
@@ -28,15 +29,21 @@ class Executor {
 
   // `entries[i]` is the local entry for `r.names[i]`, or null when this rank
   // has joined (it then contributes zeros).  Calls every entry's callback.
-  void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries);
+  // `set` is the response's process set, of which this rank is a member; its
+  // collectives move the bytes, and ranks are its own (0 .. set.size()-1).
+  void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+               ProcessSet& set);
 
  private:
+  // The transport of `set` for tensors on `device` (-1: host).
+  Collectives* CollectivesFor(ProcessSet& set, int device);
   Status Allreduce(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& e,
-                   Collectives* c);
+                   Collectives* c, const ProcessSet& set);
   Status Allgather(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Broadcast(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Broadcast(const Response& r, TensorTableEntry& e, Collectives* c, const ProcessSet& set);
+  Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c, const ProcessSet& set);
+  Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c,
+                       const ProcessSet& set);
   Status Join(const Response& r, TensorTableEntry& e);
   // Timeline: ends the current fusion phase on every row and starts `next`
   // ("" ends only).

@@ -19,6 +19,7 @@
 #include "controller.h"
 #include "logging.h"
 #include "operations.h"
+#include "process_set.h"
 #include "response_cache.h"
 #include "settings.h"
 #include "tensor_queue.h"
@@ -36,8 +37,13 @@ class Runtime {
   // Starts the background thread.
   Status Start();
   // Hands entries to the background thread; their callbacks run there.
-  // Entries given together are negotiated together (grouped ops).
+  // Entries given together are negotiated together (grouped ops).  Fails at
+  // once for a process set that does not exist or that this rank is not in,
+  // and for a broadcast root outside the set.
   Status Enqueue(std::vector<TensorTableEntry> entries);
+  // The process set `id` (0: global), or null when it does not exist.
+  std::shared_ptr<ProcessSet> FindSet(int32_t id) const;
+  std::vector<int32_t> SetIds() const { return sets_.Ids(); }
   // Collective with the other ranks (see controller.h, step 6); blocks until
   // the background thread has left.  Pending entries fail with Aborted.
   // Waiting for the peers is itself stall-checked: after the stall-check time
@@ -94,6 +100,9 @@ class Runtime {
   bool CoordinatorStep(bool shutting_down);
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
+  // Runs an agreed add or remove of a process set on this rank.
+  void ChangeSet(const Response& r, TensorTableEntry* e);
+  Status CheckEntry(const TensorTableEntry& e) const;
   void FailAll(const Status& st);
   // While shutting down: warns about, and after the stall-shutdown time gives
   // up on, peers that have not shut down.  Returns true to give up.
@@ -106,7 +115,9 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   Logger log_;
   TensorQueue queue_;
-  ResponseCache cache_;
+  // Declared after backend_: the sets' communicators go first.
+  ProcessSetTable sets_;
+  std::shared_ptr<ProcessSet> global_set_;  // id 0; its cache is the coordinator's
   std::unique_ptr<Coordinator> coordinator_;
   Timeline timeline_;
   Executor executor_;

@@ -121,6 +121,7 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
       ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "DYNAMIC_PROCESS_SETS", &s->dynamic_process_sets));
   return Status::OK();
 }
 
@@ -141,7 +142,8 @@ std::string Settings::ToString() const {
     << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"
-    << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n";
+    << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n"
+    << "dynamic_process_sets=" << (dynamic_process_sets ? 1 : 0) << "\n";
   return o.str();
 }
 

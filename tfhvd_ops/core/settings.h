@@ -32,6 +32,7 @@ struct Settings {
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce
                                        // within nodes (NCCL), across them (MPI)
+  bool dynamic_process_sets = false;   // DYNAMIC_PROCESS_SETS: allow add/remove_process_set
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;
