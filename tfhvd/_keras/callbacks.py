@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.reduction import require_initialized
 from tfhvd.common import basics
+from tfhvd.common.process_sets import global_process_set
 from tfhvd.tensorflow.functions import broadcast_variables
 from tfhvd.tensorflow.gradient_tape import allreduce
 from tfhvd.tensorflow.mpi_ops import Average
@@ -29,7 +30,7 @@ def _check_root(root_rank: Any) -> int:
     return root_rank
 
 
-def broadcast_model_state(model: Any, root_rank: int) -> bool:
+def broadcast_model_state(model: Any, root_rank: int, process_set: Any = None) -> bool:
     """Sends ``root_rank``'s model weights and optimizer state to every rank.
 
     Builds the optimizer's slot variables first, so that they exist (and are
@@ -42,11 +43,12 @@ def broadcast_model_state(model: Any, root_rank: int) -> bool:
     opt = getattr(model, "optimizer", None)
     if opt is not None and not isinstance(opt, str):
         _flavor.build_optimizer(opt, list(model.trainable_weights))
-    broadcast_variables(weights, root_rank=root_rank)
+    ps = {} if process_set is None else {"process_set": process_set}
+    broadcast_variables(weights, root_rank=root_rank, **ps)
     if opt is not None and not isinstance(opt, str):
         opt_vars = _flavor.optimizer_variables(opt)
         if opt_vars:
-            broadcast_variables(opt_vars, root_rank=root_rank)
+            broadcast_variables(opt_vars, root_rank=root_rank, **ps)
     return True
 
 
@@ -62,11 +64,14 @@ class BroadcastGlobalVariablesCallbackImpl:
     Args:
       root_rank: the rank whose state everyone takes.
       device: accepted for Horovod compatibility; unused.
+      process_set: (tfhvd) broadcast only within this ``hvd.ProcessSet``;
+        ``root_rank`` is a global rank in it.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", *, process_set: Any = None) -> None:
         require_initialized("BroadcastGlobalVariablesCallback")
         super().__init__()
+        self.process_set = process_set
         self.root_rank = _check_root(root_rank)
         self.device = device
         self.broadcast_done = False
@@ -75,7 +80,7 @@ class BroadcastGlobalVariablesCallbackImpl:
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
             return
-        if broadcast_model_state(self.model, self.root_rank):
+        if broadcast_model_state(self.model, self.root_rank, self.process_set):
             self.broadcast_done = True
             return
         self._after_first_batch = True
@@ -88,7 +93,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         # Fallback for models without weights at on_train_begin: broadcast before
         # the second batch (a batch-end hook would turn off Keras's async callbacks).
         if self._after_first_batch and not self.broadcast_done and batch > 0:
-            broadcast_model_state(self.model, self.root_rank)
+            broadcast_model_state(self.model, self.root_rank, self.process_set)
             self.broadcast_done = True
 
 
@@ -99,12 +104,14 @@ class MetricAverageCallbackImpl:
 
     Args:
       device: accepted for Horovod compatibility; unused.
+      process_set: (tfhvd) average only within this ``hvd.ProcessSet``.
     """
 
-    def __init__(self, device: str = "") -> None:
+    def __init__(self, device: str = "", *, process_set: Any = None) -> None:
         require_initialized("MetricAverageCallback")
         super().__init__()
         self.device = device
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if logs is None:
@@ -113,7 +120,8 @@ class MetricAverageCallbackImpl:
         if not keys or basics.size() == 1:
             return
         values = tf.constant([float(np.asarray(logs[k])) for k in keys], dtype=tf.float64)
-        averaged = allreduce(values, op=Average, name="MetricAverageCallback").numpy()
+        averaged = allreduce(values, op=Average, name="MetricAverageCallback",
+                             process_set=self.process_set or global_process_set).numpy()
         for key, value in zip(keys, averaged, strict=True):
             logs[key] = float(value)
 
