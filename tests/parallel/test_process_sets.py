@@ -157,6 +157,40 @@ def test_many_fused_allreduces_on_sets_and_global():
             assert b[i].numpy()[0] == n * (n - 1) / 2 + i * n
 
 
+def test_overlapping_sets_in_one_graph():
+    """A rank in three sets (its parity set, all but the last rank, the global set)
+    runs collectives on all three from one graph, in whatever order TensorFlow
+    picks; sets that share ranks never deadlock."""
+    if hvd.size() < 3:
+        pytest.skip("needs three ranks for a third set")
+    r, n = hvd.rank(), hvd.size()
+    ps = mine()
+    lower = hvd.add_process_set(list(range(n - 1)))
+
+    @tf.function(autograph=False)
+    def step(x):
+        outs = []
+        for i in range(6):
+            outs.append(hvd.allreduce(x + i, op=hvd.Sum, name="o%d" % i, process_set=ps))
+            outs.append(hvd.allreduce(x + i, op=hvd.Sum, name="o%d" % i))
+            if lower.included():
+                outs.append(hvd.allreduce(x * 2 + i, op=hvd.Sum, name="o%d" % i,
+                                          process_set=lower))
+        return outs
+
+    try:
+        for _ in range(3):
+            outs = [o.numpy()[0] for o in step(tf.constant([float(r)]))]
+            per = 3 if lower.included() else 2
+            for i in range(6):
+                assert outs[per * i] == sum(ps.ranks) + i * ps.size()
+                assert outs[per * i + 1] == n * (n - 1) / 2 + i * n
+                if lower.included():
+                    assert outs[per * i + 2] == 2 * sum(lower.ranks) + i * lower.size()
+    finally:
+        assert hvd.remove_process_set(lower) is True
+
+
 def test_disjoint_sets_progress_independently():
     """While one set's ranks are busy elsewhere, the other set's collectives finish."""
     needs_two()

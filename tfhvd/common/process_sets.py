@@ -19,7 +19,7 @@ index within the set (useful to read an allgather's result).
 import ctypes
 import numbers
 import os
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from tfhvd.common import library
 
@@ -184,25 +184,28 @@ class _ProcessSetError(ValueError):
         self.code = code
 
 
-def _comm_ranks(comm: Any, global_comm: Any) -> List[int]:
-    """The global ranks of an mpi4py communicator's members, known on every rank.
+def _comm_ranks(comm: Any, global_comm: Any) -> Tuple[Optional[List[int]], List[List[int]]]:
+    """The global ranks of an mpi4py communicator's members.
 
-    Collective over ``global_comm``: members translate their group, then every
-    rank learns the result (a non-member holds MPI.COMM_NULL).
+    Collective over ``global_comm``.  Returns this rank's list (None where the
+    communicator is MPI.COMM_NULL) and every distinct list the ranks hold: a
+    communicator from ``Split`` is a different set on different ranks.
     """
     from mpi4py import MPI
 
     mine = None
     if comm != MPI.COMM_NULL:
-        mine = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
-                                         global_comm.Get_group())
-        if any(r == MPI.UNDEFINED for r in mine):
+        got = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                        global_comm.Get_group())
+        if any(r == MPI.UNDEFINED for r in got):
             raise ValueError("ProcessSet(%r) holds processes outside the communicator given to "
                              "hvd.init()" % (comm,))
-    for got in global_comm.allgather(mine):
-        if got is not None:
-            return sorted(int(r) for r in got)
-    raise ValueError("ProcessSet(%r): no rank is a member of this communicator" % (comm,))
+        mine = sorted(int(r) for r in got)
+    lists = global_comm.allgather(mine)
+    distinct = sorted({tuple(x) for x in lists if x is not None})
+    if not distinct:
+        raise ValueError("ProcessSet(%r): no rank is a member of this communicator" % (comm,))
+    return mine, [list(d) for d in distinct]
 
 
 def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
@@ -213,8 +216,17 @@ def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
     global_process_set.ranks = list(range(basics.size()))
     for i, ps in enumerate(process_sets):
         if ps.ranks is None and ps.mpi_comm is not None:
-            ps.ranks = _comm_ranks(ps.mpi_comm, global_comm)
-        assert ps.ranks is not None
+            mine, distinct = _comm_ranks(ps.mpi_comm, global_comm)
+            ps.ranks = mine if mine is not None or len(distinct) > 1 else distinct[0]
+            if not already_initialized:
+                # Every rank registers every distinct set, in the same order.
+                for ranks in distinct:
+                    sid = _add(ranks, require_dynamic=False)
+                    if ranks == ps.ranks:
+                        ps.process_set_id = sid
+                continue
+        if ps.ranks is None:
+            continue  # a non-member of several communicator-defined sets
         if already_initialized:  # init() twice: find the sets registered the first time
             for sid in _ids():
                 if _set_info(sid)[2] == ps.ranks and (sid != 0 or not ps.ranks):

@@ -271,4 +271,54 @@ Status Executor::Join(const Response& r, TensorTableEntry& e) {
   return Status::OK();
 }
 
+SetWorker::SetWorker(Backend* backend, Timeline* timeline, std::shared_ptr<ProcessSet> set,
+                     std::function<void()> after_each)
+    : executor_(backend, timeline), set_(std::move(set)), after_each_(std::move(after_each)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+SetWorker::~SetWorker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void SetWorker::Submit(Response r, std::vector<std::unique_ptr<TensorTableEntry>> entries) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    jobs_.emplace_back(std::move(r), std::move(entries));
+  }
+  cv_.notify_one();
+}
+
+void SetWorker::Drain() {
+  std::unique_lock<std::mutex> l(mu_);
+  idle_cv_.wait(l, [this] { return jobs_.empty() && !busy_; });
+}
+
+void SetWorker::Abandon() {
+  if (thread_.joinable()) thread_.detach();
+}
+
+void SetWorker::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) break;  // stop_, and nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    l.unlock();
+    executor_.Execute(job.first, job.second, *set_);
+    job.second.clear();
+    if (after_each_) after_each_();
+    l.lock();
+    busy_ = false;
+    if (jobs_.empty()) idle_cv_.notify_all();
+  }
+}
+
 }  // namespace tfhvd

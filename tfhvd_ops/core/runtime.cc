@@ -97,6 +97,7 @@ Status Runtime::Start() {
   // With GPU collectives the loop stays on the background thread: running
   // NCCL work would change a caller's current CUDA device.
   drive_on_callers_ = !backend_->has_device_collectives();
+  set_workers_ = backend_->threads_supported();
   TFHVD_LOG(log_, kInfo, "control channel: " << backend_->control()->Describe());
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -123,8 +124,19 @@ bool Runtime::Shutdown() {
   queue_.Notify();
   WakeBackground();
   if (thread_.joinable()) thread_.join();
+  StopWorkers();
   timeline_.Stop();
   return !abandoned_;
+}
+
+void Runtime::StopWorkers() {
+  for (auto& kv : workers_) {
+    if (abandoned_) kv.second->Abandon();  // its collective may never end; the job aborts
+  }
+  if (abandoned_) {
+    for (auto& kv : workers_) kv.second.release();  // NOLINT: the thread may still use it
+  }
+  workers_.clear();
 }
 
 bool Runtime::ShutdownStalled(Clock::time_point since, Clock::time_point* last_warned) {
@@ -218,6 +230,13 @@ void Runtime::ExecuteList(const ResponseList& list) {
       ChangeSet(r, entries[0].get());
       continue;
     }
+    if (r.kind == ResponseKind::kCollective && sid != 0) {
+      auto w = workers_.find(sid);
+      if (w != workers_.end()) {
+        w->second->Submit(r, std::move(entries));
+        continue;
+      }
+    }
     executor_.Execute(r, entries, set ? *set : *global_set_);
   }
 }
@@ -234,12 +253,25 @@ void Runtime::ChangeSet(const Response& r, TensorTableEntry* e) {
                                               settings_.cache_capacity);
       set->host = std::move(host);
       sets_.Add(set);
+      if (set_workers_ && set->included()) {
+        workers_[id] = std::make_unique<SetWorker>(backend_.get(), &timeline_, set, [this] {
+          queue_.Notify();  // a caller in Drive() may sleep on the queue's eventfd
+          NotifyRoleWaiters();
+        });
+      }
       TFHVD_LOG(log_, kDebug, "added process set " << id << " " << RanksString(ranks));
     } else {
       TFHVD_LOG(log_, kError, "process set " << id << " " << RanksString(ranks)
                                               << " could not be made: " << st.message());
     }
   } else {
+    // Every collective agreed before the removal runs first (on every member:
+    // they were handed to the workers in the same order).
+    auto w = workers_.find(id);
+    if (w != workers_.end()) {
+      w->second->Drain();
+      workers_.erase(w);
+    }
     std::shared_ptr<ProcessSet> set = sets_.Remove(id);
     for (TensorTableEntry& p : queue_.TakeSet(id)) {
       if (p.callback) {

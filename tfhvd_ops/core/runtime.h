@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -102,6 +103,8 @@ class Runtime {
   void ExecuteList(const ResponseList& list);
   // Runs an agreed add or remove of a process set on this rank.
   void ChangeSet(const Response& r, TensorTableEntry* e);
+  // Stops the sets' workers (after the loop ended).
+  void StopWorkers();
   Status CheckEntry(const TensorTableEntry& e) const;
   void FailAll(const Status& st);
   // While shutting down: warns about, and after the stall-shutdown time gives
@@ -122,6 +125,11 @@ class Runtime {
   Timeline timeline_;
   Executor executor_;
   std::thread thread_;
+  // Process sets other than the global one run their responses on a worker
+  // each (SetWorker) when the transport allows threads; touched by the loop's
+  // holder only.
+  bool set_workers_ = false;
+  std::map<int32_t, std::unique_ptr<SetWorker>> workers_;
   bool blocking_channel_ = false;    // the channel can Wait() (TCP)
   bool drive_on_callers_ = true;     // Drive() may run the loop (no GPU backend)
   // The loop's role: held by whichever thread runs the loop (the background

@@ -3,6 +3,7 @@
 #include "nccl_collectives.h"
 
 #include <map>
+#include <mutex>
 #include <utility>
 
 namespace tfhvd {
@@ -46,6 +47,7 @@ class NcclBackend : public Backend {
   Collectives* SubsetDeviceCollectives(int set_id, Collectives* host, int set_rank, int set_size,
                                        int device) override {
     if (host == nullptr) return nullptr;
+    std::lock_guard<std::mutex> l(sets_mu_);  // each set's worker thread calls this
     auto& gpu = sets_[{set_id, device}];
     if (!gpu) {
       Topology topo;  // ranks within the set; flat algorithms only
@@ -61,6 +63,7 @@ class NcclBackend : public Backend {
     return gpu.get();
   }
   void ReleaseSubset(int set_id) override {
+    std::lock_guard<std::mutex> l(sets_mu_);
     for (auto it = sets_.begin(); it != sets_.end();) {
       it = it->first.first == set_id ? sets_.erase(it) : std::next(it);
     }
@@ -69,6 +72,7 @@ class NcclBackend : public Backend {
  private:
   std::unique_ptr<Backend> host_;
   std::unique_ptr<NcclCollectives> gpu_;
+  std::mutex sets_mu_;
   std::map<std::pair<int, int>, std::unique_ptr<NcclCollectives>> sets_;  // (set, device)
 };
 
