@@ -23,7 +23,8 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi demo test test-core test-single test-parallel test-integration clean \
+.PHONY: setup mpi demo test test-core test-single test-parallel test-parallel-np4 \
+	test-integration clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -75,7 +76,8 @@ $(INSTALL_STAMP): setup.py $(DEPS_STAMP) $(LIB)
 demo: setup
 	$(MPIRUN) -np 2 $(PY) examples/keras_mnist.py --epochs 5
 
-test: setup test-core test-single test-parallel test-integration test-gpu-build docker-check
+test: setup test-core test-single test-parallel test-parallel-np4 test-integration test-gpu-build \
+	docker-check
 	@echo "== all tests passed"
 
 test-core: setup
@@ -93,6 +95,11 @@ test-parallel: setup
 	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under mpirun -np 3"
 	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel
+
+# Process sets need more ranks than two sets of one: np 4, oversubscribed (about 30 s).
+test-parallel-np4: setup
+	@echo "== process-set tests under mpirun -np 4"
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 4 tests/parallel/run_rank.sh $(PY) -m pytest -q --color=no -p no:cacheprovider tests/parallel/test_process_sets.py
 
 # Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
 # multi-node (two network namespaces with sshd; needs root, else it skips).

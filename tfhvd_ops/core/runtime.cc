@@ -129,6 +129,28 @@ bool Runtime::Shutdown() {
   return !abandoned_;
 }
 
+// While other sets exist the global set's responses run on a worker too, so
+// that rank 0's loop (every set's coordinator) never waits in a global
+// collective while another set negotiates.  With the global set alone they
+// run on the loop, which saves eager ops a thread hand-off.
+void Runtime::UpdateGlobalWorker() {
+  const bool want = set_workers_ && sets_.Ids().size() > 1;
+  auto it = workers_.find(0);
+  if (want && it == workers_.end()) {
+    workers_[0] = MakeWorker(global_set_);
+  } else if (!want && it != workers_.end()) {
+    it->second->Drain();
+    workers_.erase(it);
+  }
+}
+
+std::unique_ptr<SetWorker> Runtime::MakeWorker(std::shared_ptr<ProcessSet> set) {
+  return std::make_unique<SetWorker>(backend_.get(), &timeline_, std::move(set), [this] {
+    queue_.Notify();  // a caller in Drive() may sleep on the queue's eventfd
+    NotifyRoleWaiters();
+  });
+}
+
 void Runtime::StopWorkers() {
   for (auto& kv : workers_) {
     if (abandoned_) kv.second->Abandon();  // its collective may never end; the job aborts
@@ -230,7 +252,7 @@ void Runtime::ExecuteList(const ResponseList& list) {
       ChangeSet(r, entries[0].get());
       continue;
     }
-    if (r.kind == ResponseKind::kCollective && sid != 0) {
+    if (r.kind == ResponseKind::kCollective) {
       auto w = workers_.find(sid);
       if (w != workers_.end()) {
         w->second->Submit(r, std::move(entries));
@@ -244,6 +266,10 @@ void Runtime::ExecuteList(const ResponseList& list) {
 void Runtime::ChangeSet(const Response& r, TensorTableEntry* e) {
   const int32_t id = r.params.root_rank;
   Status st;
+  // The change uses the global set's communicator (MPI_Comm_create): the
+  // global collectives agreed before it finish first.
+  auto global = workers_.find(0);
+  if (global != workers_.end()) global->second->Drain();
   if (r.params.type == CollectiveType::kAddProcessSet) {
     std::vector<int> ranks(r.params.splits.begin(), r.params.splits.end());
     std::unique_ptr<Collectives> host;
@@ -253,12 +279,7 @@ void Runtime::ChangeSet(const Response& r, TensorTableEntry* e) {
                                               settings_.cache_capacity);
       set->host = std::move(host);
       sets_.Add(set);
-      if (set_workers_ && set->included()) {
-        workers_[id] = std::make_unique<SetWorker>(backend_.get(), &timeline_, set, [this] {
-          queue_.Notify();  // a caller in Drive() may sleep on the queue's eventfd
-          NotifyRoleWaiters();
-        });
-      }
+      if (set_workers_ && set->included()) workers_[id] = MakeWorker(set);
       TFHVD_LOG(log_, kDebug, "added process set " << id << " " << RanksString(ranks));
     } else {
       TFHVD_LOG(log_, kError, "process set " << id << " " << RanksString(ranks)
@@ -285,6 +306,7 @@ void Runtime::ChangeSet(const Response& r, TensorTableEntry* e) {
     set.reset();  // frees the set's communicators (every member does it here)
     TFHVD_LOG(log_, kDebug, "removed process set " << id);
   }
+  UpdateGlobalWorker();
   if (e == nullptr) return;
   if (st.ok() && e->output) *static_cast<int32_t*>(e->output->mutable_data()) = id;
   if (e->callback) e->callback(st);

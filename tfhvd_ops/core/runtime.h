@@ -105,6 +105,8 @@ class Runtime {
   void ChangeSet(const Response& r, TensorTableEntry* e);
   // Stops the sets' workers (after the loop ended).
   void StopWorkers();
+  std::unique_ptr<SetWorker> MakeWorker(std::shared_ptr<ProcessSet> set);
+  void UpdateGlobalWorker();
   Status CheckEntry(const TensorTableEntry& e) const;
   void FailAll(const Status& st);
   // While shutting down: warns about, and after the stall-shutdown time gives
