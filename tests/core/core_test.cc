@@ -123,6 +123,16 @@ void TestHalf() {
   CHECK(HalfToFloat(b[0]) == 2.0f && HalfToFloat(b[1]) == -2.0f);
 }
 
+// A float32 allreduce request of `rank` on process set `set`.
+Request Req(int rank, const std::string& name, Shape shape, int32_t set = 0) {
+  Request r;
+  r.rank = rank;
+  r.name = name;
+  r.params.shape = std::move(shape);
+  r.params.process_set_id = set;
+  return r;
+}
+
 void TestCoordinator() {
   Settings s;
   s.fusion_threshold_bytes = 64;
@@ -130,13 +140,7 @@ void TestCoordinator() {
   Logger log(LogLevel::kFatal, 0);
   Coordinator c(2, s, &cache, &log);
   auto now = Coordinator::Clock::now();
-  auto req = [](int rank, const std::string& name, Shape shape) {
-    Request r;
-    r.rank = rank;
-    r.name = name;
-    r.params.shape = std::move(shape);
-    return r;
-  };
+  auto req = [](int rank, const std::string& name, Shape shape) { return Req(rank, name, shape); };
   RequestList r0, r1;
   r0.requests = {req(0, "a", {4}), req(0, "b", {4}), req(0, "c", {100}), req(0, "bad", {2})};
   r1.requests = {req(1, "c", {100}), req(1, "b", {4}), req(1, "a", {4}), req(1, "bad", {3})};
@@ -171,14 +175,7 @@ void TestCoordinatorProcessSets() {
   Logger log(LogLevel::kFatal, 0);
   Coordinator c(3, s, &cache, &log);
   auto now = Coordinator::Clock::now();
-  auto req = [](int rank, const std::string& name, int32_t set) {
-    Request r;
-    r.rank = rank;
-    r.name = name;
-    r.params.shape = {4};
-    r.params.process_set_id = set;
-    return r;
-  };
+  auto req = [](int rank, const std::string& name, int32_t set) { return Req(rank, name, {4}, set); };
   auto change = [&](CollectiveType t, std::vector<int32_t> ranks, int32_t id) {
     for (int rank = 0; rank < 3; ++rank) {
       RequestList l;

@@ -17,11 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-# Dynamic mode, before the session's hvd.init() (conftest) reads the settings.
-os.environ["TFHVD_DYNAMIC_PROCESS_SETS"] = "1"
-
-import tfhvd.tensorflow as hvd  # noqa: E402
-from tfhvd.common.process_sets import _temp_process_set_object  # noqa: E402
+import tfhvd.tensorflow as hvd
+from tfhvd.common.process_sets import _temp_process_set_object
 
 MODES = ["eager", "function"]
 SETS = {}
@@ -35,6 +32,10 @@ def run(mode, fn, *args):
 
 @pytest.fixture(scope="module", autouse=True)
 def sets():
+    # Dynamic mode: settings are read at init, which other modules did already.
+    os.environ["TFHVD_DYNAMIC_PROCESS_SETS"] = "1"
+    hvd.shutdown()
+    hvd.init()
     n = hvd.size()
     SETS["even"] = hvd.add_process_set(list(range(0, n, 2)))
     SETS["odd"] = hvd.add_process_set(list(range(1, n, 2))) if n > 1 else None
@@ -209,6 +210,36 @@ def test_disjoint_sets_progress_independently():
         hvd.barrier()
         if elapsed is not None:
             assert elapsed < 3.0, "set %s waited %.1f s for the busy set" % (ps, elapsed)
+
+
+def test_set_does_not_wait_for_another_sets_collectives():
+    """Rank 0 (every set's coordinator) sits in big allreduces of its own set while
+    the odd set runs small ones: these must not queue behind the big ones."""
+    if hvd.size() < 3:
+        pytest.skip("needs a set of two ranks with rank 0 in it")
+    ps = mine()
+    hvd.barrier()
+    if ps is SETS["even"]:
+        big = tf.ones([16 * 1024 * 1024])  # 64 MiB
+        t0 = time.monotonic()
+        for i in range(10):
+            hvd.allreduce(big, op=hvd.Sum, name="big_%d" % i, process_set=ps)
+        per_big = (time.monotonic() - t0) / 10
+        latencies = []
+    else:
+        per_big = None
+        latencies = []
+        time.sleep(0.2)  # let the big ones start; the small ones end well before them
+        for i in range(5):
+            t0 = time.monotonic()
+            hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="small_%d" % i, process_set=ps)
+            latencies.append(time.monotonic() - t0)
+    stats = hvd.allgather_object((per_big, latencies))
+    big_times = [b for b, _ in stats if b is not None]
+    small = sorted(x for _, lat in stats for x in lat)
+    median = small[len(small) // 2]
+    # Queued behind a big allreduce, a small one would take about as long.
+    assert median < 0.25 * min(big_times), (median, big_times)
 
 
 def test_gradients_use_the_set():

@@ -79,6 +79,9 @@ def test_duplicate_set_in_init_and_horovod_env():
         ps = hvd.add_process_set([1])
         say(hvd.rank(), "added", ps.ranks, ps.size(), ps.process_set_id > old)
         say(hvd.rank(), "global", float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)))
+        r = hvd.rank()
+        hvd.shutdown()  # its sets are gone: a later init numbers from 1 again
+        say(r, "invalidated", ps.process_set_id, a.process_set_id)
     """, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
@@ -86,3 +89,4 @@ def test_duplicate_set_in_init_and_horovod_env():
     assert text.count("removed True") == 2
     assert text.count("added [1] 1 True") == 2
     assert text.count("global 2.0") == 2
+    assert text.count("invalidated None None") == 2

@@ -106,11 +106,13 @@ def _at_exit() -> None:
 def shutdown() -> None:
     """Stops the runtime.  Collective: every rank should call it.
 
-    Collectives still pending fail with an error.  ``init()`` may be called again.
+    Collectives still pending fail with an error.  ``init()`` may be called again;
+    process sets registered before are invalidated (``process_set_id`` None).
     """
     global _initialized
     _initialized = False
     library.capi().tfhvd_shutdown()
+    _ps._invalidate_all()
 
 
 def is_initialized() -> bool:

@@ -19,6 +19,7 @@ index within the set (useful to read an allgather's result).
 import ctypes
 import numbers
 import os
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from tfhvd.common import library
@@ -119,6 +120,16 @@ def _temp_process_set_object(process_set_id: int) -> ProcessSet:
 
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
+# Every set registered since init, so that shutdown() can invalidate them: a
+# later init() numbers its sets from 1 again.
+_registered: "weakref.WeakSet[ProcessSet]" = weakref.WeakSet()
+
+
+def _invalidate_all() -> None:
+    """Called by shutdown(): the runtime's sets are gone."""
+    for ps in list(_registered):
+        ps._invalidate()
+    _registered.clear()
 
 
 def _set_info(process_set_id: int):
@@ -178,6 +189,11 @@ def _add(ranks: Sequence[int], require_dynamic: bool) -> int:
     return new_id.value
 
 
+def _register(ps: ProcessSet, sid: int) -> None:
+    ps.process_set_id = sid
+    _registered.add(ps)
+
+
 class _ProcessSetError(ValueError):
     def __init__(self, code: int, message: str):
         super().__init__(message)
@@ -223,19 +239,19 @@ def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
                 for ranks in distinct:
                     sid = _add(ranks, require_dynamic=False)
                     if ranks == ps.ranks:
-                        ps.process_set_id = sid
+                        _register(ps, sid)
                 continue
         if ps.ranks is None:
             continue  # a non-member of several communicator-defined sets
         if already_initialized:  # init() twice: find the sets registered the first time
             for sid in _ids():
                 if _set_info(sid)[2] == ps.ranks and (sid != 0 or not ps.ranks):
-                    ps.process_set_id = sid
+                    _register(ps, sid)
             if ps.process_set_id is None:
                 raise ValueError("hvd.init() was already called without process set %s" % ps)
             continue
         try:
-            ps.process_set_id = _add(ps.ranks, require_dynamic=False)
+            _register(ps, _add(ps.ranks, require_dynamic=False))
         except _ProcessSetError as e:
             if "exists already" in str(e):
                 raise ValueError("Horovod could not be initialized because process_sets entry "
@@ -269,7 +285,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
             "Please build the process set via a list of ranks.")
     assert process_set.ranks is not None
     try:
-        process_set.process_set_id = _add(process_set.ranks, require_dynamic=True)
+        _register(process_set, _add(process_set.ranks, require_dynamic=True))
     except _ProcessSetError as e:
         if "exists already" in str(e):
             raise ValueError("Attempted to add a duplicate process set: %s (%s)"

@@ -9,22 +9,6 @@
 namespace tfhvd {
 namespace {
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
-  o << "]";
-  return o.str();
-}
-
-std::string SplitsString(const std::vector<int32_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
-
 // "rank 0 sent X; ranks 1, 2 sent Y" for the values each rank sent.
 template <typename F>
 std::string PerRank(const std::vector<Request>& by_rank, const std::vector<bool>& present,
@@ -309,7 +293,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       differs([](const CollectiveParams& c) { return c.splits; })) {
     return prefix + "ranks asked for different process sets: " +
            PerRank(p.by_rank, p.present,
-                   [](const Request& q) { return SplitsString(q.params.splits); });
+                   [](const Request& q) { return RanksString(q.params.splits); });
   }
   if (ref.type == CollectiveType::kRemoveProcessSet &&
       differs([](const CollectiveParams& c) { return c.root_rank; })) {
@@ -328,19 +312,19 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       if (c.splits.empty()) continue;  // even split, checked below
       if (static_cast<int>(c.splits.size()) != n) {
         return prefix + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
-               " splits " + SplitsString(c.splits) + ", expected one per rank (" +
+               " splits " + RanksString(c.splits) + ", expected one per rank (" +
                std::to_string(n) + ")";
       }
       int64_t sum = 0;
       for (int32_t s : c.splits) {
         if (s < 0) {
           return prefix + "rank " + std::to_string(r) + " gave a negative split " +
-                 SplitsString(c.splits);
+                 RanksString(c.splits);
         }
         sum += s;
       }
       if (sum != dim0) {
-        return prefix + "rank " + std::to_string(r) + " gave splits " + SplitsString(c.splits) +
+        return prefix + "rank " + std::to_string(r) + " gave splits " + RanksString(c.splits) +
                " that sum to " + std::to_string(sum) + ", but its first dimension is " +
                std::to_string(dim0);
       }
@@ -376,7 +360,7 @@ Response Coordinator::Build(Pending& p) {
   if (!joined.empty() && set_change) {
     return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) +
                                           " cannot run while ranks " +
-                                          RankList(std::vector<int>(joined.begin(), joined.end())) +
+                                          RanksString(std::vector<int>(joined.begin(), joined.end())) +
                                           " have joined");
   }
   if (set_change) return ChangeSets(p, ref);
@@ -384,7 +368,7 @@ Response Coordinator::Build(Pending& p) {
       ref.type != CollectiveType::kJoin) {
     return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" +
                                    name + "' cannot run while ranks " +
-                                   RankList(std::vector<int>(joined.begin(), joined.end())) +
+                                   RanksString(std::vector<int>(joined.begin(), joined.end())) +
                                    " have joined; only allreduce supports join");
   }
   Response resp;
@@ -506,7 +490,7 @@ std::string Coordinator::MissingRanks(const Pending& p) const {
   for (int r : Set(p.set)->ranks) {
     if (!p.present[r] && !(p.set == 0 && joined_[r])) missing.push_back(r);
   }
-  return RankList(missing);
+  return RanksString(missing);
 }
 
 void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out) {
@@ -570,7 +554,7 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
       Response err = ErrorResponse(
           p.name, p.set,
           "tfhvd: " + std::string(CollectiveName(p.by_rank[first].params.type)) +
-                        " of tensor '" + p.name + "' cannot complete: ranks " + RankList(gone) +
+                        " of tensor '" + p.name + "' cannot complete: ranks " + RanksString(gone) +
                         (lost ? " have exited or lost their connection" : " have shut down"));
       err.error_code = StatusCode::kAborted;
       out->push_back(std::move(err));
