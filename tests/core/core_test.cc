@@ -175,7 +175,9 @@ void TestCoordinatorProcessSets() {
   Logger log(LogLevel::kFatal, 0);
   Coordinator c(3, s, &cache, &log);
   auto now = Coordinator::Clock::now();
-  auto req = [](int rank, const std::string& name, int32_t set) { return Req(rank, name, {4}, set); };
+  auto req = [](int rank, const std::string& name, int32_t set) {
+    return Req(rank, name, {4}, set);
+  };
   auto change = [&](CollectiveType t, std::vector<int32_t> ranks, int32_t id) {
     for (int rank = 0; rank < 3; ++rank) {
       RequestList l;

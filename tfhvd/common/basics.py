@@ -10,8 +10,8 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 from tfhvd.common import library, process_sets as _ps
 from tfhvd.common.exceptions import NotInitializedError
-from tfhvd.common.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                       remove_process_set)
+from tfhvd.common.process_sets import (  # noqa: F401  (re-exported)
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 
 _ERR_LEN = 4096
 _atexit_registered = False

@@ -56,7 +56,8 @@ class ProcessSet:
             try:
                 from mpi4py import MPI
             except ImportError as e:  # pragma: no cover - mpi4py is a dependency
-                raise ValueError("ProcessSet got a communicator but mpi4py is not importable") from e
+                raise ValueError("ProcessSet got a communicator, but mpi4py is not "
+                                 "importable") from e
             if not isinstance(ranks_or_comm, MPI.Comm):
                 raise ValueError("ProcessSet should be initialized with a list of process ranks "
                                  "or an mpi4py Comm object, got %r" % (ranks_or_comm,))

@@ -357,19 +357,19 @@ Response Coordinator::Build(Pending& p) {
   }
   const bool set_change = ref.type == CollectiveType::kAddProcessSet ||
                           ref.type == CollectiveType::kRemoveProcessSet;
+  const std::string joined_ranks = RanksString(std::vector<int>(joined.begin(), joined.end()));
   if (!joined.empty() && set_change) {
     return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) +
-                                          " cannot run while ranks " +
-                                          RanksString(std::vector<int>(joined.begin(), joined.end())) +
+                                          " cannot run while ranks " + joined_ranks +
                                           " have joined");
   }
   if (set_change) return ChangeSets(p, ref);
   if (!joined.empty() && ref.type != CollectiveType::kAllreduce &&
       ref.type != CollectiveType::kJoin) {
-    return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" +
-                                   name + "' cannot run while ranks " +
-                                   RanksString(std::vector<int>(joined.begin(), joined.end())) +
-                                   " have joined; only allreduce supports join");
+    return ErrorResponse(name, p.set,
+                         "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name +
+                             "' cannot run while ranks " + joined_ranks +
+                             " have joined; only allreduce supports join");
   }
   Response resp;
   resp.names = {name};

@@ -375,8 +375,9 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
   // Send the list to every worker still listening; tell a worker that has
   // shut down (or everyone, when we shut down) that it may leave.
   // Only the global set's responses go to everyone; a set's go to its members.
-  const bool all_global = std::all_of(list.responses.begin(), list.responses.end(),
-                                      [](const Response& r) { return r.params.process_set_id == 0; });
+  const bool all_global =
+      std::all_of(list.responses.begin(), list.responses.end(),
+                  [](const Response& r) { return r.params.process_set_id == 0; });
   for (int w = 1; w < size; ++w) {
     if (announced_[w]) continue;
     bool tell_leave = shutting_down || coordinator_->IsShutDown(w);
