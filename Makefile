@@ -26,7 +26,8 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 TIMEOUT := timeout --signal=KILL 900
 
 .PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
-	skip-report-reset test-core test-single test-parallel test-integration test-elastic clean \
+	skip-report-reset test-core test-single test-parallel test-parallel-np4 test-integration \
+	test-elastic clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -97,8 +98,8 @@ demo: setup
 # step lists them all with their reasons (scripts/skip_summary.py).
 SKIP_REPORT_DIR := $(abspath $(BUILD_DIR))/test-skips
 test: export TESTS_SKIP_REPORT_DIR := $(SKIP_REPORT_DIR)
-test: setup skip-report-reset test-core test-single test-parallel test-gloo test-integration \
-	test-elastic test-gpu-build docker-check
+test: setup skip-report-reset test-core test-single test-parallel test-parallel-np4 test-gloo \
+	test-integration test-elastic test-gpu-build docker-check
 	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
 
@@ -160,6 +161,11 @@ test-gloo-only: gloo-only-build
 	  $(PY) -P -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
 
 test-gloo: test-parallel-gloo test-gloo-only
+
+# Process sets need more ranks than two sets of one: np 4, oversubscribed (about 30 s).
+test-parallel-np4: setup
+	@echo "== process-set tests under mpirun -np 4"
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 4 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel/test_process_sets.py
 
 # Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
 # multi-node (two network namespaces with sshd; needs root, else it skips).

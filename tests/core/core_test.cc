@@ -123,6 +123,16 @@ void TestHalf() {
   CHECK(HalfToFloat(b[0]) == 2.0f && HalfToFloat(b[1]) == -2.0f);
 }
 
+// A float32 allreduce request of `rank` on process set `set`.
+Request Req(int rank, const std::string& name, Shape shape, int32_t set = 0) {
+  Request r;
+  r.rank = rank;
+  r.name = name;
+  r.params.shape = std::move(shape);
+  r.params.process_set_id = set;
+  return r;
+}
+
 void TestCoordinator() {
   Settings s;
   s.fusion_threshold_bytes = 64;
@@ -130,13 +140,7 @@ void TestCoordinator() {
   Logger log(LogLevel::kFatal, 0);
   Coordinator c(2, s, &cache, &log);
   auto now = Coordinator::Clock::now();
-  auto req = [](int rank, const std::string& name, Shape shape) {
-    Request r;
-    r.rank = rank;
-    r.name = name;
-    r.params.shape = std::move(shape);
-    return r;
-  };
+  auto req = [](int rank, const std::string& name, Shape shape) { return Req(rank, name, shape); };
   RequestList r0, r1;
   r0.requests = {req(0, "a", {4}), req(0, "b", {4}), req(0, "c", {100}), req(0, "bad", {2})};
   r1.requests = {req(1, "c", {100}), req(1, "b", {4}), req(1, "a", {4}), req(1, "bad", {3})};
@@ -160,6 +164,77 @@ void TestCoordinator() {
   // The second step goes through the cache.
   CHECK(cache.Lookup("a", req(0, "a", {4}).params) >= 0);
   CHECK(cache.Lookup("a", req(0, "a", {5}).params) < 0);
+}
+
+// Process sets in the coordinator: an add agreed by every rank gets an id;
+// a set's tensor is ready once its members asked, goes only to its members,
+// and never fuses with another set's; a removed set's requests fail.
+void TestCoordinatorProcessSets() {
+  Settings s;
+  ResponseCache cache(16);
+  Logger log(LogLevel::kFatal, 0);
+  Coordinator c(3, s, &cache, &log);
+  auto now = Coordinator::Clock::now();
+  auto req = [](int rank, const std::string& name, int32_t set) {
+    return Req(rank, name, {4}, set);
+  };
+  auto change = [&](CollectiveType t, std::vector<int32_t> ranks, int32_t id) {
+    for (int rank = 0; rank < 3; ++rank) {
+      RequestList l;
+      Request r;
+      r.rank = rank;
+      r.name = "tfhvd.set_change";
+      r.params.type = t;
+      r.params.splits = ranks;
+      r.params.root_rank = id;
+      l.requests = {r};
+      c.AddRequests(rank, l, now);
+    }
+    return c.Compute(now);
+  };
+  ResponseList added = change(CollectiveType::kAddProcessSet, {2, 0}, -1);
+  CHECK(added.responses.size() == 1 && added.responses[0].kind == ResponseKind::kCollective);
+  const int32_t id = added.responses[0].params.root_rank;
+  CHECK(id == 1 && added.responses[0].params.splits == std::vector<int32_t>({0, 2}));
+  CHECK(c.Receives(0, id) && !c.Receives(1, id) && c.Receives(2, id) && c.Receives(1, 0));
+  ResponseList dup = change(CollectiveType::kAddProcessSet, {0, 2}, -1);
+  CHECK(dup.responses.size() == 1 && dup.responses[0].kind == ResponseKind::kError &&
+        dup.responses[0].error.find("exists already") != std::string::npos);
+  // The same name on the set and on the global set: two tensors, never fused.
+  RequestList r0, r1, r2;
+  r0.requests = {req(0, "x", id), req(0, "x", 0)};
+  r2.requests = {req(2, "x", id)};
+  c.AddRequests(0, r0, now);
+  c.AddRequests(2, r2, now);
+  ResponseList out = c.Compute(now);  // the set's "x" is complete without rank 1
+  CHECK(out.responses.size() == 1 && out.responses[0].params.process_set_id == id);
+  r1.requests = {req(1, "x", 0)};
+  r2.requests = {req(2, "x", 0), req(2, "y", id)};
+  r0.requests = {req(0, "y", id)};
+  c.AddRequests(1, r1, now);
+  c.AddRequests(2, r2, now);
+  c.AddRequests(0, r0, now);
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 2);
+  for (const Response& r : out.responses) CHECK(r.names.size() == 1);
+  // A member outside the set cannot submit to it.
+  r1.requests = {req(1, "z", id)};
+  c.AddRequests(1, r1, now);
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError);
+  // Removal: then the id is unknown, and the global set cannot be removed.
+  CHECK(change(CollectiveType::kRemoveProcessSet, {}, id).responses[0].kind ==
+        ResponseKind::kCollective);
+  CHECK(change(CollectiveType::kRemoveProcessSet, {}, id).responses[0].error.find(
+            "does not exist") != std::string::npos);
+  CHECK(change(CollectiveType::kRemoveProcessSet, {}, 0).responses[0].error.find(
+            "cannot be removed") != std::string::npos);
+  r0.requests = {req(0, "late", id)};
+  c.AddRequests(0, r0, now);
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError &&
+        out.responses[0].error.find("does not exist") != std::string::npos);
+  CHECK(!c.HasPending());
 }
 
 // The shared-memory rings of the control channel: a byte stream that wraps,
@@ -315,6 +390,44 @@ void TestLargeMessages(int size) {
   CHECK(ok == n && right == n);
 }
 
+// An allreduce on the set of even ranks, through the C API's add.
+void TestRuntimeProcessSet(int rank, int size) {
+  std::vector<int> even;
+  for (int r = 0; r < size; r += 2) even.push_back(r);
+  int id = -1;
+  char err[512] = {0};
+  int rc = tfhvd_add_process_set(even.data(), static_cast<int>(even.size()), 0, &id, err,
+                                 sizeof(err));
+  if (size == 1) {  // [0] is the global set
+    CHECK(rc != 0 && std::string(err).find("exists already") != std::string::npos);
+    return;
+  }
+  CHECK(rc == 0 && id > 0);
+  int set_size = 0, set_rank = -2;
+  CHECK(tfhvd_process_set_info(id, &set_size, &set_rank, nullptr, 0) == 0);
+  CHECK(set_size == static_cast<int>(even.size()) && set_rank == (rank % 2 ? -1 : rank / 2));
+  if (rank % 2 == 0) {
+    auto in = std::make_shared<HostTensor>(DataType::kFloat32, Shape{2});
+    auto out = std::make_shared<HostTensor>(DataType::kFloat32, Shape{2});
+    in->f()[0] = static_cast<float>(rank);
+    in->f()[1] = 1.0f;
+    std::promise<Status> p;
+    TensorTableEntry e = AllreduceEntry("on_set", in, out, ReduceOp::kSum,
+                                        [&p](const Status& s) { p.set_value(s); });
+    e.params.process_set_id = id;
+    std::vector<TensorTableEntry> v;
+    v.push_back(std::move(e));
+    CHECK(EnqueueEntries(std::move(v)).ok() && p.get_future().get().ok());
+    float sum = 0;
+    for (int r : even) sum += static_cast<float>(r);
+    CHECK(out->f()[0] == sum && out->f()[1] == static_cast<float>(even.size()));
+  }
+  // Removing needs dynamic mode, which this test does not turn on.
+  rc = tfhvd_remove_process_set(id, err, sizeof(err));
+  CHECK(rc == static_cast<int>(StatusCode::kFailedPrecondition) &&
+        std::string(err).find("DYNAMIC_PROCESS_SETS") != std::string::npos);
+}
+
 void TestRuntime() {
   char err[512];
   if (tfhvd_init(nullptr, 0, nullptr, err, sizeof(err)) != 0) {
@@ -356,6 +469,7 @@ void TestRuntime() {
   CHECK(out->f()[4] == static_cast<float>(size - 1 + 4));
   TestDrive(rank, size);
   TestLargeMessages(size);
+  TestRuntimeProcessSet(rank, size);
   tfhvd_finalize();
   // Driving without a runtime still runs the submission, which fails.
   std::atomic<bool> never{false};
@@ -370,6 +484,7 @@ int main() {
   TestMessages();
   TestHalf();
   TestCoordinator();
+  TestCoordinatorProcessSets();
   TestShmRing();
   TestRuntime();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -13,12 +13,6 @@ from tests.conftest import ROOT
 
 DOC = os.path.join(ROOT, "docs", "COMPATIBILITY.md")
 
-# Process sets are built in parallel with this work.  Until the integrator merges
-# it, these names may be absent or have another signature here, and a
-# "param:" may be missing from signatures.  The integrator empties this set
-# after the merge.
-PENDING_MERGE = {"add_process_set", "remove_process_set", "ProcessSet", "param:process_set"}
-
 
 def rows() -> List[Tuple[str, str, str, str]]:
     """(tfhvd module, name, status, parameters) for every table row of the file."""
@@ -67,18 +61,11 @@ def test_supported_name_has_the_listed_parameters(module, name, status, params):
         obj = getattr(obj, part, None)
         if obj is None:
             break
-    if obj is None and name in PENDING_MERGE:
-        pytest.skip("%s: pending the process-set merge (PENDING_MERGE)" % name)
     assert obj is not None, "%s.%s is marked %s but does not exist" % (module, name, status)
     if params == "-":
         return
     want = [] if params == "(none)" else [p.strip() for p in params.split(",")]
     got = parameters(obj)
     assert got is not None, "%s.%s has no signature" % (module, name)
-    if name in PENDING_MERGE and got != want:
-        pytest.skip("%s: signature pending the process-set merge (PENDING_MERGE)" % name)
-    if "param:process_set" in PENDING_MERGE and "process_set" in want \
-            and "process_set" not in got:
-        want = [p for p in want if p != "process_set"]
     assert got == want, "%s.%s: tfhvd has (%s), docs/COMPATIBILITY.md lists (%s)" % (
         module, name, ", ".join(got), ", ".join(want))

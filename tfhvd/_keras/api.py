@@ -51,7 +51,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         together; default one fused reduction per step.
       device_dense, device_sparse: accepted for Horovod compatibility; unused.
       num_groups: Horovod's older spelling of an int ``groups``.
-      process_set: only the global process set is supported.
+      process_set: reduce gradients over this ``hvd.ProcessSet`` only; ranks
+        outside it must not apply gradients with this optimizer.
       scale_local_gradients: Horovod's: gradients of variables kept local
         (``register_local_var``, ``local_layers``) are divided by ``size()``.
 
@@ -108,7 +109,8 @@ def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        local_layers=local_layers)
+        local_layers=local_layers,
+        process_set=None if process_set is global_process_set else process_set)
     reduction.scale_local_gradients = bool(scale_local_gradients)
     return create_distributed_optimizer(optimizer, reduction)
 

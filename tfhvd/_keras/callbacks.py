@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.reduction import require_initialized
 from tfhvd.common import basics
+from tfhvd.common.process_sets import global_process_set
 from tfhvd.tensorflow.functions import broadcast_variables
 from tfhvd.tensorflow.gradient_tape import allreduce
 from tfhvd.tensorflow.mpi_ops import Average
@@ -44,7 +45,8 @@ def _model_weights(model: Any) -> List[Any]:
         return []
 
 
-def broadcast_model_state(model: Any, root_rank: int, local: Optional[set] = None) -> bool:
+def broadcast_model_state(model: Any, root_rank: int, local: Optional[set] = None,
+                          process_set: Any = None) -> bool:
     """Sends ``root_rank``'s model weights and optimizer state to every rank.
 
     Builds the optimizer's slot variables first, so that they exist (and are
@@ -61,11 +63,12 @@ def broadcast_model_state(model: Any, root_rank: int, local: Optional[set] = Non
     opt = getattr(model, "optimizer", None)
     if opt is not None and not isinstance(opt, str):
         _flavor.build_optimizer(opt, list(model.trainable_weights))
-    broadcast_variables(weights, root_rank=root_rank)
+    ps = {} if process_set is None else {"process_set": process_set}
+    broadcast_variables(weights, root_rank=root_rank, **ps)
     if opt is not None and not isinstance(opt, str):
         opt_vars = _flavor.optimizer_variables(opt)
         if opt_vars:
-            broadcast_variables(opt_vars, root_rank=root_rank)
+            broadcast_variables(opt_vars, root_rank=root_rank, **ps)
     return True
 
 
@@ -83,12 +86,15 @@ class BroadcastGlobalVariablesCallbackImpl:
       device: accepted for Horovod compatibility; unused.
       local_variables: a variable or a list of variables that are not broadcast
         (each rank keeps its own); more with :meth:`register_local_var`.
+      process_set: (tfhvd) broadcast only within this ``hvd.ProcessSet``;
+        ``root_rank`` is a global rank in it.
     """
 
     def __init__(self, root_rank: int = 0, device: str = "",
-                 local_variables: Any = None) -> None:
+                 local_variables: Any = None, *, process_set: Any = None) -> None:
         require_initialized("BroadcastGlobalVariablesCallback")
         super().__init__()
+        self.process_set = process_set
         self.root_rank = _check_root(root_rank)
         self.device = device
         self.broadcast_done = False
@@ -111,7 +117,7 @@ class BroadcastGlobalVariablesCallbackImpl:
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
             return
-        if broadcast_model_state(self.model, self.root_rank, self._local_vars):
+        if broadcast_model_state(self.model, self.root_rank, self._local_vars, self.process_set):
             self.broadcast_done = True
             return
         self._after_first_batch = True
@@ -124,7 +130,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         # Fallback for models without weights at on_train_begin: broadcast before
         # the second batch (a batch-end hook would turn off Keras's async callbacks).
         if self._after_first_batch and not self.broadcast_done and batch > 0:
-            broadcast_model_state(self.model, self.root_rank, self._local_vars)
+            broadcast_model_state(self.model, self.root_rank, self._local_vars, self.process_set)
             self.broadcast_done = True
 
 
@@ -140,12 +146,14 @@ class MetricAverageCallbackImpl:
 
     Args:
       device: accepted for Horovod compatibility; unused.
+      process_set: (tfhvd) average only within this ``hvd.ProcessSet``.
     """
 
-    def __init__(self, device: str = "") -> None:
+    def __init__(self, device: str = "", *, process_set: Any = None) -> None:
         require_initialized("MetricAverageCallback")
         super().__init__()
         self.device = device
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if logs is None:
@@ -154,7 +162,8 @@ class MetricAverageCallbackImpl:
         if not keys or basics.size() == 1:
             return
         values = tf.constant([float(np.asarray(logs[k])) for k in keys], dtype=tf.float64)
-        averaged = allreduce(values, op=Average, name="MetricAverageCallback").numpy()
+        averaged = allreduce(values, op=Average, name="MetricAverageCallback",
+                             process_set=self.process_set or global_process_set).numpy()
         for key, value in zip(keys, averaged, strict=True):
             logs[key] = float(value)
 

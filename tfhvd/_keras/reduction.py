@@ -16,6 +16,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 from tfhvd._keras import flavor as _flavor
 from tfhvd.common import basics
 from tfhvd.common.exceptions import NotInitializedError
+from tfhvd.common.process_sets import global_process_set, process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.gradient_tape import grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, allgather
@@ -78,13 +79,15 @@ class GradientReduction:
       groups: None, an int (that many fused groups), or lists of variables that
         are reduced together.
       local_keys: ``layer/variable`` names of the variables whose gradients stay local.
+      process_set: the ``hvd.ProcessSet`` to reduce over (None: every rank).
     """
 
     def __init__(self, name: Optional[str] = None, compression: Any = Compression.none,
                  sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
                  average_aggregated_gradients: bool = False, op: int = Average,
                  gradient_predivide_factor: float = 1.0, groups: Any = None,
-                 local_keys: Optional[Sequence[str]] = None, local_layers: Any = None) -> None:
+                 local_keys: Optional[Sequence[str]] = None, local_layers: Any = None,
+                 process_set: Any = None) -> None:
         check_arguments(compression, backward_passes_per_step, op, gradient_predivide_factor,
                         groups)
         self.name = name
@@ -97,6 +100,7 @@ class GradientReduction:
         self.groups = groups
         self._local_keys = None if local_keys is None else set(local_keys)
         self._local_layers = _as_list(local_layers)
+        self.process_set = process_set
         # Set by the optimizer while it applies gradients (variables of those gradients).
         self.current_variables: Optional[List[Any]] = None
         # tf-keras only: the local accumulation state (created on first use).
@@ -188,7 +192,7 @@ class GradientReduction:
             todo.append(i)
         if not todo:
             return grads
-        if basics.size() == 1:
+        if process_set_size(self.process_set) == 1:
             for i in todo:
                 grads[i] = _scaled(grads[i], scale)
             return grads
@@ -205,7 +209,8 @@ class GradientReduction:
                                             compression=self.compression, op=self.op,
                                             prescale_factor=pre, postscale_factor=post,
                                             name="%s_Allreduce_%d" % (prefix, k),
-                                            ignore_name_scope=True)
+                                            ignore_name_scope=True,
+                                            process_set=self.process_set or global_process_set)
                 for i, r in zip(dense, reduced, strict=True):
                     grads[i] = r
             for j, i in enumerate(sparse):
@@ -215,10 +220,12 @@ class GradientReduction:
 
     def _reduce_sparse(self, g: tf.IndexedSlices, name: str, scale: float) -> tf.IndexedSlices:
         """Gathers every rank's rows (an embedding gradient stays sparse)."""
-        values = allgather(g.values, name=name + "_values", ignore_name_scope=True)
-        indices = allgather(g.indices, name=name + "_indices", ignore_name_scope=True)
+        values = allgather(g.values, name=name + "_values", ignore_name_scope=True,
+                           process_set=self.process_set)
+        indices = allgather(g.indices, name=name + "_indices", ignore_name_scope=True,
+                            process_set=self.process_set)
         if self.op == Average:
-            scale /= basics.size()
+            scale /= process_set_size(self.process_set)
         return _scaled(tf.IndexedSlices(values, indices, g.dense_shape), scale)
 
     def _groups(self, todo: List[int], variables: Optional[Sequence[Any]]) -> List[List[int]]:

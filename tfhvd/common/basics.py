@@ -8,8 +8,10 @@ import atexit
 import ctypes
 from typing import Any, Dict, Optional, Sequence, Union
 
-from tfhvd.common import library
+from tfhvd.common import library, process_sets as _ps
 from tfhvd.common.exceptions import NotInitializedError
+from tfhvd.common.process_sets import (  # noqa: F401  (re-exported)
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 
 _ERR_LEN = 4096
 _atexit_registered = False
@@ -45,18 +47,23 @@ def init(
     Args:
       comm: ``None`` for every process of the MPI job, a list of world ranks
         (every process must make the same call), or an mpi4py communicator.
-      process_sets: Horovod's argument; only the global process set exists in
-        tfhvd, so anything but ``None`` or an empty list raises.
+      process_sets: ``None``; a list of :class:`ProcessSet` to register now
+        (every rank gives the same list; ``hvd.global_process_set`` always
+        exists); or ``"dynamic"`` to allow :func:`add_process_set` and
+        :func:`remove_process_set` later (same as
+        ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
 
     A program started without ``mpirun`` or ``tfhvdrun --gloo`` runs as a job
     of size 1.  Under Gloo, ``shutdown()`` then ``init()`` rebuilds the world
     in the same process (a fresh rendezvous scope each time).
     """
     global _atexit_registered, _initialized
-    if process_sets not in (None, [], ()):
+    sets = _ps._set_dynamic_from_init(process_sets)
+    if any(ps.ranks is None for ps in sets) and isinstance(comm, (list, tuple, range)):
         raise NotImplementedError(
-            "tfhvd supports only the global process set; init(process_sets=...) must be empty"
-        )
+            "At this time process sets defined via MPI communicators are only supported when "
+            "calling hvd.init() with comm set to a global MPI communicator (or None).")
+    already = bool(library.capi().tfhvd_is_initialized())
     lib = library.capi()
     ranks_arr = None
     nranks = 0
@@ -83,6 +90,12 @@ def init(
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
+    global_comm = None
+    if any(ps.ranks is None for ps in sets):
+        from mpi4py import MPI
+
+        global_comm = MPI.COMM_WORLD if comm is None else comm
+    _ps._init_process_sets(sets, global_comm, already)
 
 
 def _at_exit() -> None:
@@ -95,11 +108,13 @@ def _at_exit() -> None:
 def shutdown() -> None:
     """Stops the runtime.  Collective: every rank should call it.
 
-    Collectives still pending fail with an error.  ``init()`` may be called again.
+    Collectives still pending fail with an error.  ``init()`` may be called again;
+    process sets registered before are invalidated (``process_set_id`` None).
     """
     global _initialized
     _initialized = False
     library.capi().tfhvd_shutdown()
+    _ps._invalidate_all()
 
 
 def is_initialized() -> bool:
@@ -240,29 +255,7 @@ def stop_timeline() -> None:
     library.capi().tfhvd_stop_timeline()
 
 
-class ProcessSet:
-    """Horovod's process set; tfhvd has only the global one (id 0)."""
-
-    process_set_id = 0
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-    def included(self) -> bool:
-        return is_initialized()
-
-    def __repr__(self) -> str:
-        return "ProcessSet(process_set_id=0, global)"
-
-
-global_process_set = ProcessSet()
-
-
-def check_process_set(process_set: Optional[ProcessSet]) -> None:
-    """Raises for any process set but the global one."""
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("tfhvd supports only the global process set")
+def check_process_set(process_set: Optional[ProcessSet]) -> int:
+    """The id of ``process_set`` (None: the global set); raises for an unusable one."""
+    return _ps.process_set_id(process_set)
 

@@ -80,3 +80,8 @@ __all__ = [
     "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "shutdown", "size",
     "start_timeline", "stop_timeline",
 ]
+
+# Process sets (tfhvd.common.process_sets).
+from tfhvd.common.process_sets import add_process_set, remove_process_set  # noqa: E402
+
+__all__ += ["add_process_set", "remove_process_set"]

@@ -62,3 +62,8 @@ __all__ = [
     "process_set_included_op", "rank", "rank_op", "reducescatter", "rocm_built", "settings",
     "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
 ]
+
+# Process sets (tfhvd.common.process_sets).
+from tfhvd.common.process_sets import add_process_set, remove_process_set  # noqa: E402
+
+__all__ += ["add_process_set", "remove_process_set"]

@@ -30,7 +30,7 @@ def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
     negotiated together; in a graph it returns the grouped assign op.  With
     ``inplace=True`` it uses :func:`broadcast_` (one in-place op per device).
     """
-    check_process_set(process_set)
+    ps_id = check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return None
@@ -41,20 +41,22 @@ def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
         outs = [broadcast_(vs, root_rank, process_set=process_set) for vs in by_device.values()]
         return None if tf.executing_eagerly() else tf.group(*[o for out in outs for o in out])
     if tf.executing_eagerly():
-        key = (tuple(id(v) for v in variables), root_rank)
+        key = (tuple(id(v) for v in variables), root_rank, ps_id)
         fn = _BROADCAST_FNS.get(key)
         if fn is None:
             @tf.function(autograph=False)
             def fn():
                 for i, var in enumerate(variables):
-                    var.assign(broadcast(var, root_rank, name="HorovodBroadcastVar_%d" % i))
+                    var.assign(broadcast(var, root_rank, name="HorovodBroadcastVar_%d" % i,
+                                         process_set=process_set))
 
             if len(_BROADCAST_FNS) >= 16:  # a few models' worth; forget the oldest
                 _BROADCAST_FNS.pop(next(iter(_BROADCAST_FNS)))
             _BROADCAST_FNS[key] = fn
         fn()
         return None
-    return tf.group(*[var.assign(broadcast(var, root_rank)) for var in variables])
+    return tf.group(*[var.assign(broadcast(var, root_rank, process_set=process_set))
+                      for var in variables])
 
 
 def _to_numpy(t: tf.Tensor, session: Any = None) -> np.ndarray:
@@ -71,7 +73,10 @@ def _to_numpy(t: tf.Tensor, session: Any = None) -> np.ndarray:
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank."""
+    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank of ``process_set``.
+
+    ``root_rank`` is a global rank, as in Horovod.
+    """
     check_process_set(process_set)
     name = name or type(obj).__name__
     if basics.rank() == root_rank:
@@ -82,9 +87,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
     else:
         payload = None
         sz = np.array([0], dtype=np.int32)
-    sz = int(_to_numpy(broadcast(tf.constant(sz), root_rank, name=name + ".sz"), session)[0])
+    sz = int(_to_numpy(broadcast(tf.constant(sz), root_rank, name=name + ".sz",
+                                 process_set=process_set), session)[0])
     data = tf.constant(payload) if payload is not None else tf.zeros([sz], dtype=tf.uint8)
-    data = _to_numpy(broadcast(data, root_rank, name=name + ".t"), session)
+    data = _to_numpy(broadcast(data, root_rank, name=name + ".t", process_set=process_set),
+                     session)
     if basics.rank() == root_rank:
         return obj
     return pickle.loads(data.tobytes())
@@ -92,15 +99,16 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
-    """Returns the list of every rank's ``obj``, in rank order."""
+    """Returns the list of every rank's ``obj`` (of ``process_set``), in rank order."""
     check_process_set(process_set)
     name = name or type(obj).__name__
     buf = io.BytesIO()
     _pickler.dump(obj, buf)
     payload = np.frombuffer(buf.getvalue(), dtype=np.uint8)
-    sizes = _to_numpy(allgather(tf.constant([payload.size], dtype=tf.int32), name=name + ".sz"),
-                      session)
-    data = _to_numpy(allgather(tf.constant(payload), name=name + ".t"), session)
+    sizes = _to_numpy(allgather(tf.constant([payload.size], dtype=tf.int32), name=name + ".sz",
+                                process_set=process_set), session)
+    data = _to_numpy(allgather(tf.constant(payload), name=name + ".t", process_set=process_set),
+                     session)
     out, off = [], 0
     for s in sizes:
         out.append(pickle.loads(data[off:off + s].tobytes()))

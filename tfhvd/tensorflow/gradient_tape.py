@@ -5,8 +5,8 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from tfhvd.common import basics
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.common.process_sets import process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _grouped_allreduce,
                                       allgather, grouped_allgather)
@@ -33,7 +33,8 @@ def check_num_rank_power_of_2(num_rank: int) -> bool:
 
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
                       postscale_factor: float, name: Optional[str],
-                      ignore_name_scope: bool = False) -> tf.IndexedSlices:
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> tf.IndexedSlices:
     """Reduces IndexedSlices by gathering every rank's values and indices."""
     if op not in (Average, Sum):
         raise NotImplementedError("tfhvd reduces tf.IndexedSlices only with Average or Sum; "
@@ -42,11 +43,11 @@ def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
         raise NotImplementedError("scale factors are not supported for tf.IndexedSlices; "
                                   "use sparse_as_dense=True")
     values = allgather(t.values, name=None if name is None else name + "_values",
-                       ignore_name_scope=ignore_name_scope)
+                       ignore_name_scope=ignore_name_scope, process_set=process_set)
     indices = allgather(t.indices, name=None if name is None else name + "_indices",
-                        ignore_name_scope=ignore_name_scope)
+                        ignore_name_scope=ignore_name_scope, process_set=process_set)
     if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
+        values = values / tf.cast(process_set_size(process_set), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=t.dense_shape)
 
 
@@ -65,14 +66,16 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
-                                 ignore_name_scope)
+                                 ignore_name_scope, process_set)
     if compression is Compression.none:
         return _allreduce(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope)
+                          postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                          process_set=process_set)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope)
+                         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                         process_set=process_set)
     return compression.decompress(reduced, ctx)
 
 
@@ -94,13 +97,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     for j, i in enumerate(sparse_idx):
         out[i] = _sparse_allreduce(tensors[i], op, prescale_factor, postscale_factor,
                                    None if name is None else "%s_sparse_%d" % (name, j),
-                                   ignore_name_scope)
+                                   ignore_name_scope, process_set)
     if dense_idx:
         pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_idx]
         reduced = _grouped_allreduce([p[0] for p in pairs], name=name, op=op,
                                      prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor,
-                                     ignore_name_scope=ignore_name_scope)
+                                     ignore_name_scope=ignore_name_scope,
+                                     process_set=process_set)
         for i, (_, ctx), r in zip(dense_idx, pairs, reduced):
             out[i] = compression.decompress(r, ctx)
     return out
@@ -153,7 +157,7 @@ class _DistributedGradientTape(tf.GradientTape):
         self._tfhvd_local.add(id(source))
 
     def _tfhvd_allreduce(self, grads, sources):
-        if basics.size() == 1:
+        if process_set_size(self._tfhvd_process_set) == 1:
             return grads
         flat_grads = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
@@ -173,7 +177,7 @@ class _DistributedGradientTape(tf.GradientTape):
         for group in _split_groups(todo, self._tfhvd_groups):
             reduced.extend(grouped_allreduce(
                 group, compression=self._tfhvd_compression, op=op, prescale_factor=pre,
-                postscale_factor=post,
+                postscale_factor=post, process_set=self._tfhvd_process_set,
                 name=None if tf.executing_eagerly() else "DistributedGradientTape_Allreduce"))
         for i, r in zip(reduce_idx, reduced):
             flat_grads[i] = r
@@ -213,6 +217,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
       gradient_predivide_factor: with Average, divide by this before the sum
         and by ``size()/factor`` after (helps fp16 range).
       num_groups / groups: split the gradients into this many fused groups.
+      process_set: reduce over this process set only (ranks outside it must
+        not call ``gradient()`` on such a tape).
     """
     check_process_set(process_set)
     if op == Adasum:
@@ -231,6 +237,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
     tape._tfhvd_local = set()
     tape._tfhvd_scale_local = scale_local_gradients
+    tape._tfhvd_process_set = process_set
     return tape
 
 

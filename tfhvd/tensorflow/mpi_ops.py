@@ -13,6 +13,8 @@ from tensorflow.python.framework import ops as tf_ops
 
 from tfhvd.common import basics, library
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.common.process_sets import (_temp_process_set_object, process_set_rank,
+                                       process_set_size)
 from tfhvd.tensorflow.errors import InvalidArgumentValueError, NotInitializedOpError
 
 # Horovod's reduce-op values.
@@ -61,12 +63,13 @@ def _normalize_name(name: str) -> str:
 
 
 def _check_ready(tensors: Sequence[tf.Tensor], allowed: _DtypeSet, what: str,
-                 process_set: Optional[ProcessSet] = None) -> None:
-    """Raises a clear error before an op is built with bad input."""
+                 process_set: Optional[ProcessSet] = None) -> int:
+    """Raises a clear error before an op is built with bad input; returns the set's id."""
     if not basics._initialized:
         raise NotInitializedOpError()
+    ps_id = 0
     if process_set is not None and process_set is not global_process_set:
-        check_process_set(process_set)
+        ps_id = check_process_set(process_set)
     enums = allowed.enums
     for t in tensors:
         if t.dtype.as_datatype_enum not in enums:
@@ -74,6 +77,12 @@ def _check_ready(tensors: Sequence[tf.Tensor], allowed: _DtypeSet, what: str,
                 "tfhvd %s does not support dtype %s (tensor %s); supported dtypes: %s"
                 % (what, t.dtype.name, _tensor_label(t), ", ".join(d.name for d in allowed))
             )
+    return ps_id
+
+
+def _op_set(op) -> ProcessSet:
+    """The process set a forward op ran on (for its gradient's collectives)."""
+    return _temp_process_set_object(op.get_attr("process_set_id"))
 
 
 def _tensor_label(t: tf.Tensor) -> str:
@@ -110,16 +119,16 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
     """Allreduces one dense tensor with ``op`` (no compression, no averaging tricks)."""
     if not isinstance(tensor, tf.Tensor):
         tensor = tf.convert_to_tensor(tensor)
-    _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
+    ps_id = _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
     _check_op(op)
     if tf.executing_eagerly():
         return _ops().horovod_allreduce(
             tensor, reduce_op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-            tensor_name=name or "")
+            tensor_name=name or "", process_set_id=ps_id)
     return _ops().horovod_allreduce(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        ignore_name_scope=ignore_name_scope,
+        ignore_name_scope=ignore_name_scope, process_set_id=ps_id,
         name=name or "HorovodAllreduce_%s" % _normalize_name(tensor.name))
 
 
@@ -131,7 +140,7 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    _check_ready(tensors, _REDUCE_DTYPES, "grouped_allreduce", process_set)
+    ps_id = _check_ready(tensors, _REDUCE_DTYPES, "grouped_allreduce", process_set)
     _check_op(op)
     if len({t.dtype for t in tensors}) > 1:
         # The op takes one dtype: split by dtype, keep the order.
@@ -140,7 +149,8 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
             idx = [i for i, t in enumerate(tensors) if t.dtype == dt]
             part = _grouped_allreduce([tensors[i] for i in idx],
                                       None if name is None else "%s_%s" % (name, dt.name), op,
-                                      prescale_factor, postscale_factor, ignore_name_scope)
+                                      prescale_factor, postscale_factor, ignore_name_scope,
+                                      process_set)
             for i, r in zip(idx, part):
                 out[i] = r
         return out  # type: ignore[return-value]
@@ -149,7 +159,8 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
                                                                   tensors[-1].name))
     return list(_ops().horovod_grouped_allreduce(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name))
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
+        process_set_id=ps_id))
 
 
 def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
@@ -160,9 +171,10 @@ def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: 
     scalar is gathered into a vector of length ``size()``.
     """
     tensor = tf.convert_to_tensor(tensor)
-    _check_ready([tensor], _ALL_DTYPES, "allgather", process_set)
+    ps_id = _check_ready([tensor], _ALL_DTYPES, "allgather", process_set)
     return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
-                                    tensor_name=_eager_name(name), name=_graph_name("HorovodAllgather", name, tensor))
+                                    tensor_name=_eager_name(name), name=_graph_name("HorovodAllgather", name, tensor),
+                                    process_set_id=ps_id)
 
 
 def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
@@ -172,15 +184,17 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    _check_ready(tensors, _ALL_DTYPES, "grouped_allgather", process_set)
+    ps_id = _check_ready(tensors, _ALL_DTYPES, "grouped_allgather", process_set)
     if len({t.dtype for t in tensors}) > 1:
         return [allgather(t, None if name is None else "%s_%d" % (name, i),
-                          ignore_name_scope=ignore_name_scope) for i, t in enumerate(tensors)]
+                          ignore_name_scope=ignore_name_scope, process_set=process_set)
+                for i, t in enumerate(tensors)]
     if name is None and not _executing_eagerly():
         name = _normalize_name("HorovodGroupedAllgather_%s_%s" % (tensors[0].name,
                                                                   tensors[-1].name))
     return list(_ops().horovod_grouped_allgather(tensors, ignore_name_scope=ignore_name_scope,
-                                                 tensor_name=_eager_name(name), name=name))
+                                                 tensor_name=_eager_name(name), name=name,
+                                                 process_set_id=ps_id))
 
 
 def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
@@ -188,7 +202,7 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Returns ``root_rank``'s value of ``tensor`` on every rank."""
     tensor = tf.convert_to_tensor(tensor)
-    _check_ready([tensor], _ALL_DTYPES, "broadcast", process_set)
+    ps_id = _check_ready([tensor], _ALL_DTYPES, "broadcast", process_set)
     n = basics.size()
     if not isinstance(root_rank, int) or not 0 <= root_rank < n:
         raise InvalidArgumentValueError(
@@ -196,7 +210,8 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
             % (root_rank, n, _tensor_label(tensor)))
     return _ops().horovod_broadcast(tensor, root_rank=root_rank,
                                     ignore_name_scope=ignore_name_scope,
-                                    tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor))
+                                    tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor),
+                                    process_set_id=ps_id)
 
 
 def _as_tf_variable(v):
@@ -270,10 +285,11 @@ def alltoall(tensor: tf.Tensor, splits: Optional[tf.Tensor] = None, name: Option
     when ``splits`` is given, as Horovod does, else ``output``.
     """
     tensor = tf.convert_to_tensor(tensor)
-    _check_ready([tensor], _ALL_DTYPES, "alltoall", process_set)
+    ps_id = _check_ready([tensor], _ALL_DTYPES, "alltoall", process_set)
     split_t = tf.constant([], dtype=tf.int32) if splits is None else tf.cast(splits, tf.int32)
     out, rsplits = _ops().horovod_alltoall(tensor, split_t, ignore_name_scope=ignore_name_scope,
-                                           tensor_name=_eager_name(name), name=_graph_name("HorovodAlltoall", name, tensor))
+                                           tensor_name=_eager_name(name), name=_graph_name("HorovodAlltoall", name, tensor),
+                                           process_set_id=ps_id)
     return out if splits is None else (out, rsplits)
 
 
@@ -282,7 +298,7 @@ def _reducescatter(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
                    process_set: ProcessSet = global_process_set,
                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     tensor = tf.convert_to_tensor(tensor)
-    _check_ready([tensor], _REDUCE_DTYPES, "reducescatter", process_set)
+    ps_id = _check_ready([tensor], _REDUCE_DTYPES, "reducescatter", process_set)
     _check_op(op)
     if tensor.shape.rank == 0:
         raise InvalidArgumentValueError(
@@ -291,7 +307,8 @@ def _reducescatter(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
     return _ops().horovod_reducescatter(
         tensor, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-        tensor_name=_eager_name(name), name=_graph_name("HorovodReducescatter", name, tensor))
+        tensor_name=_eager_name(name), name=_graph_name("HorovodReducescatter", name, tensor),
+        process_set_id=ps_id)
 
 
 def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
@@ -302,7 +319,7 @@ def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = N
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
-    _check_ready(tensors, _REDUCE_DTYPES, "grouped_reducescatter", process_set)
+    ps_id = _check_ready(tensors, _REDUCE_DTYPES, "grouped_reducescatter", process_set)
     _check_op(op)
     for t in tensors:
         if t.shape.rank == 0:
@@ -316,7 +333,8 @@ def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = N
                                                                       tensors[-1].name))
     return list(_ops().horovod_grouped_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name))
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
+        process_set_id=ps_id))
 
 
 def join() -> int:
@@ -331,32 +349,48 @@ def join() -> int:
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Blocks until every rank has reached the barrier."""
+    """Blocks until every rank of ``process_set`` has reached the barrier."""
     if not basics.is_initialized():
         raise NotInitializedOpError()
-    check_process_set(process_set)
-    _ops().horovod_barrier()
+    _ops().horovod_barrier(process_set_id=check_process_set(process_set))
 
 
-def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """The job size as a graph op (evaluated when run)."""
-    return _ops().horovod_size(process_set_id=process_set_id, name=name)
+def _set_id_arg(process_set_id, process_set) -> int:
+    """Horovod's ``process_set_id=`` (an int), or tfhvd's ``process_set=``."""
+    if process_set is not None:
+        return check_process_set(process_set)
+    if isinstance(process_set_id, ProcessSet):
+        return check_process_set(process_set_id)
+    return int(process_set_id)
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None,
+            process_set: Optional[ProcessSet] = None) -> tf.Tensor:
+    """The size of a process set (the job for id 0) as a graph op (evaluated when run)."""
+    return _ops().horovod_size(process_set_id=_set_id_arg(process_set_id, process_set),
+                               name=name)
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
     return _ops().horovod_local_size(name=name)
 
 
-def rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return _ops().horovod_rank(name=name)
+def rank_op(name: Optional[str] = None, process_set_id: int = 0,
+            process_set: Optional[ProcessSet] = None) -> tf.Tensor:
+    """This process's rank as a graph op; within a process set when one is given."""
+    return _ops().horovod_rank(process_set_id=_set_id_arg(process_set_id, process_set),
+                               name=name)
 
 
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     return _ops().horovod_local_rank(name=name)
 
 
-def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    return _ops().horovod_process_set_included(process_set_id=process_set_id, name=name)
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None,
+                            process_set: Optional[ProcessSet] = None) -> tf.Tensor:
+    """1 when this process is in the process set, else 0, as a graph op."""
+    return _ops().horovod_process_set_included(
+        process_set_id=_set_id_arg(process_set_id, process_set), name=name)
 
 
 # ---------------------------------------------------------------- gradients
@@ -396,14 +430,15 @@ def _grad_name(op, suffix: str = "grad") -> Optional[str]:
 
 def _grad_set_size(op) -> int:
     """The size of the process set the forward op ran on (its process_set_id)."""
-    return basics.size()
+    return process_set_size(_op_set(op))
 
 
 @tf_ops.RegisterGradient("HorovodAllreduce")
 def _allreduce_grad(op, grad):
     return _allreduce(grad, name=_grad_name(op), op=op.get_attr("reduce_op"),
                       prescale_factor=op.get_attr("prescale_factor"),
-                      postscale_factor=op.get_attr("postscale_factor"), ignore_name_scope=True)
+                      postscale_factor=op.get_attr("postscale_factor"), ignore_name_scope=True,
+                      process_set=_op_set(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedAllreduce")
@@ -411,33 +446,36 @@ def _grouped_allreduce_grad(op, *grads):
     return _grouped_allreduce(list(grads), name=_grad_name(op), op=op.get_attr("reduce_op"),
                               prescale_factor=op.get_attr("prescale_factor"),
                               postscale_factor=op.get_attr("postscale_factor"),
-                              ignore_name_scope=True)
+                              ignore_name_scope=True, process_set=_op_set(op))
 
 
-def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, name: Optional[str]) -> tf.Tensor:
-    grad = _allreduce(grad, name=name, op=Average, ignore_name_scope=True)
+def _allgather_grad_one(x: tf.Tensor, grad: tf.Tensor, name: Optional[str],
+                        process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    grad = _allreduce(grad, name=name, op=Average, ignore_name_scope=True, process_set=process_set)
     with tf.device("/cpu:0"):
         d = tf.reshape(tf.shape(x)[0] if x.shape.rank != 0 else tf.constant(1), [1])
         dims = tf.reshape(allgather(d, name=None if name is None else name + "_dims",
-                                    ignore_name_scope=True), [basics.size()])
-    part = tf.split(grad, dims, axis=0)[basics.rank()]
+                                    ignore_name_scope=True, process_set=process_set),
+                          [process_set_size(process_set)])
+    part = tf.split(grad, dims, axis=0)[process_set_rank(process_set)]
     return tf.reshape(part, tf.shape(x))
 
 
 @tf_ops.RegisterGradient("HorovodAllgather")
 def _allgather_grad(op, grad):
-    return _allgather_grad_one(op.inputs[0], grad, _grad_name(op))
+    return _allgather_grad_one(op.inputs[0], grad, _grad_name(op), _op_set(op))
 
 
 @tf_ops.RegisterGradient("HorovodGroupedAllgather")
 def _grouped_allgather_grad(op, *grads):
-    return [_allgather_grad_one(x, g, _grad_name(op, "grad_%d" % i))
+    return [_allgather_grad_one(x, g, _grad_name(op, "grad_%d" % i), _op_set(op))
             for i, (x, g) in enumerate(zip(op.inputs, grads))]
 
 
 @tf_ops.RegisterGradient("HorovodBroadcast")
 def _broadcast_grad(op, grad):
-    reduced = _allreduce(grad, name=_grad_name(op), op=Average, ignore_name_scope=True)
+    reduced = _allreduce(grad, name=_grad_name(op), op=Average, ignore_name_scope=True,
+                         process_set=_op_set(op))
     if basics.rank() != op.get_attr("root_rank"):
         return reduced * 0
     return reduced
@@ -445,7 +483,8 @@ def _broadcast_grad(op, grad):
 
 @tf_ops.RegisterGradient("HorovodAlltoall")
 def _alltoall_grad(op, grad, _rsplits_grad):
-    result = alltoall(grad, splits=op.outputs[1], name=_grad_name(op), ignore_name_scope=True)
+    result = alltoall(grad, splits=op.outputs[1], name=_grad_name(op), ignore_name_scope=True,
+                      process_set=_op_set(op))
     return [result[0], None]
 
 
@@ -457,7 +496,7 @@ def _reducescatter_grad_one(op, grad: tf.Tensor, name: Optional[str]) -> tf.Tens
         factor = op.get_attr(attr)
         if factor != 1.0:
             grad = grad * tf.cast(factor, grad.dtype)
-    return allgather(grad, name=name, ignore_name_scope=True)
+    return allgather(grad, name=name, ignore_name_scope=True, process_set=_op_set(op))
 
 
 @tf_ops.RegisterGradient("HorovodReducescatter")

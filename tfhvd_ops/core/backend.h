@@ -149,14 +149,28 @@ class Backend {
   // hierarchical algorithms.  Null when the transport has none.
   virtual Collectives* local_collectives() { return nullptr; }
   virtual Collectives* cross_collectives() { return nullptr; }
-  // Host collectives over `world_ranks` (sorted, distinct), for process set
-  // `set_id`.  Called by every rank of the world at the same point with the
-  // same arguments; a rank not in `world_ranks` gets *out == nullptr.
+
+  // Process sets (core/process_set.h).  The core keeps the table of sets;
+  // a backend only makes communicators for a list of ranks.
+  // Host collectives over `world_ranks` (sorted, distinct), for process set `set_id`.
+  // Called by every rank of the world at the same point with the same arguments;
+  // a rank not in `world_ranks` gets *out == nullptr.
   virtual Status CreateSubsetCollectives(int set_id, const std::vector<int>& world_ranks,
                                          std::unique_ptr<Collectives>* out) {
     out->reset();
-    return Status::FailedPrecondition("tfhvd: this backend cannot make process-set collectives");
+    return Status::FailedPrecondition("tfhvd: this transport does not support process sets");
   }
+  // Device collectives of process set `set_id` for tensors on `device`, made
+  // on first use (which every member reaches at the same point of the set's
+  // response order) over `host`, the set's host collectives, where this rank
+  // is `set_rank` of `set_size`.  Null when the build has none.
+  virtual Collectives* SubsetDeviceCollectives(int set_id, Collectives* host, int set_rank,
+                                               int set_size, int device) {
+    return nullptr;
+  }
+  // Frees what SubsetDeviceCollectives made for `set_id`; called by every
+  // member at the same point, before the set's host collectives go.
+  virtual void ReleaseSubset(int set_id) {}
 };
 
 // The device of a device collective on a rank that has no tensor in it (a

@@ -1,5 +1,6 @@
 #include "c_api.h"
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -34,6 +35,67 @@ template <typename F>
 int Topo(F f) {
   auto rt = CurrentRuntime();
   return rt ? f(rt->topology()) : -1;
+}
+
+// A scalar int32 in host memory: where a process-set change writes the id.
+class HostScalar : public Tensor {
+ public:
+  DataType dtype() const override { return DataType::kInt32; }
+  const Shape& shape() const override { return shape_; }
+  const void* data() const override { return &value_; }
+  void* mutable_data() override { return &value_; }
+  int64_t size_bytes() const override { return sizeof(value_); }
+  int32_t value() const { return value_; }
+
+ private:
+  Shape shape_;
+  int32_t value_ = -1;
+};
+
+// Submits one process-set change and waits for it (on this thread's loop
+// where possible, Runtime::Drive).
+Status ChangeProcessSets(CollectiveType type, std::vector<int32_t> ranks, int32_t remove_id,
+                         int32_t* id) {
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::atomic<bool> done{false};
+    Status st;
+  };
+  auto w = std::make_shared<Wait>();
+  auto out = std::make_shared<HostScalar>();
+  TensorTableEntry e;
+  e.name = type == CollectiveType::kAddProcessSet ? "tfhvd.add_process_set"
+                                                  : "tfhvd.remove_process_set";
+  e.params.type = type;
+  e.params.dtype = DataType::kInt32;
+  e.params.splits = std::move(ranks);
+  e.params.root_rank = remove_id;
+  e.output = out;
+  e.callback = [w](const Status& st) {
+    std::lock_guard<std::mutex> l(w->mu);
+    w->st = st;
+    w->done.store(true);
+    w->cv.notify_all();
+  };
+  Status enq;
+  DriveUntil([&] {
+    std::vector<TensorTableEntry> v;
+    v.push_back(std::move(e));
+    enq = EnqueueEntries(std::move(v));
+  }, w->done);
+  if (!enq.ok()) return enq;
+  std::unique_lock<std::mutex> l(w->mu);
+  w->cv.wait(l, [&] { return w->done.load(); });
+  if (w->st.ok() && id != nullptr) *id = out->value();
+  return w->st;
+}
+
+Status NotDynamic(const char* what) {
+  return Status::FailedPrecondition(
+      std::string("tfhvd: set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or TFHVD_DYNAMIC_PROCESS_SETS=1), or "
+                  "call hvd.init(process_sets=\"dynamic\"), to allow ") +
+      what + " process sets after initialization");
 }
 
 }  // namespace
@@ -159,6 +221,49 @@ int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errle
   if (resolved.empty()) return 0;  // only rank 0 writes a path without {rank}
   Status st = rt->timeline().Start(resolved, rt->topology().rank, mark_cycles != 0);
   return st.ok() ? 0 : tfhvd::Fail(st, err, errlen);
+}
+
+int tfhvd_add_process_set(const int* ranks, int nranks, int require_dynamic, int* id, char* err,
+                          int errlen) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return tfhvd::Fail(Status::FailedPrecondition(tfhvd::kNotInitialized), err, errlen);
+  if (require_dynamic && !rt->settings().dynamic_process_sets) {
+    return tfhvd::Fail(tfhvd::NotDynamic("adding"), err, errlen);
+  }
+  std::vector<int32_t> v(ranks, ranks + (ranks ? nranks : 0));
+  rt.reset();  // the wait must not keep a shut-down runtime alive
+  Status st = tfhvd::ChangeProcessSets(tfhvd::CollectiveType::kAddProcessSet, std::move(v), -1, id);
+  return st.ok() ? 0 : tfhvd::Fail(st, err, errlen);
+}
+
+int tfhvd_remove_process_set(int id, char* err, int errlen) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return tfhvd::Fail(Status::FailedPrecondition(tfhvd::kNotInitialized), err, errlen);
+  if (!rt->settings().dynamic_process_sets) {
+    return tfhvd::Fail(tfhvd::NotDynamic("removing"), err, errlen);
+  }
+  rt.reset();
+  Status st = tfhvd::ChangeProcessSets(tfhvd::CollectiveType::kRemoveProcessSet, {}, id, nullptr);
+  return st.ok() ? 0 : tfhvd::Fail(st, err, errlen);
+}
+
+int tfhvd_process_set_info(int id, int* size, int* rank, int* ranks, int cap) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return -1;
+  auto set = rt->FindSet(id);
+  if (!set) return -3;
+  if (size) *size = set->size();
+  if (rank) *rank = set->rank;
+  for (int i = 0; ranks && i < cap && i < set->size(); ++i) ranks[i] = set->ranks[i];
+  return 0;
+}
+
+int tfhvd_process_set_ids(int* ids, int cap) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return -1;
+  std::vector<int32_t> all = rt->SetIds();
+  for (int i = 0; ids && i < cap && i < static_cast<int>(all.size()); ++i) ids[i] = all[i];
+  return static_cast<int>(all.size());
 }
 
 int tfhvd_stop_timeline(void) {

@@ -60,6 +60,19 @@ const char* tfhvd_gpu_code_info(void);
 int tfhvd_parse_settings(char* buf, int len);
 int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errlen);
 int tfhvd_stop_timeline(void);
+// Process sets (core/process_set.h).  Adding and removing are collective over
+// every rank.  `require_dynamic` 0 is for init(process_sets=[...]); 1 fails
+// unless DYNAMIC_PROCESS_SETS is set.  Return 0 or a StatusCode (message in
+// `err`); the new set's id goes to `*id`.
+int tfhvd_add_process_set(const int* ranks, int nranks, int require_dynamic, int* id, char* err,
+                          int errlen);
+int tfhvd_remove_process_set(int id, char* err, int errlen);
+// Set `id`: its size, this rank's index in it (-1: not a member) and up to
+// `cap` of its world ranks.  Returns 0, -1 when not initialised, -3 when no
+// such set exists (Horovod's codes).
+int tfhvd_process_set_info(int id, int* size, int* rank, int* ranks, int cap);
+// Up to `cap` ids of the sets that exist, ascending; returns how many exist.
+int tfhvd_process_set_ids(int* ids, int cap);
 // Shuts down and finalises MPI if tfhvd initialised it (process exit).
 void tfhvd_finalize(void);
 

@@ -60,6 +60,8 @@ const char* CollectiveName(CollectiveType t) {
     case CollectiveType::kReducescatter: return "reducescatter";
     case CollectiveType::kJoin: return "join";
     case CollectiveType::kBarrier: return "barrier";
+    case CollectiveType::kAddProcessSet: return "add_process_set";
+    case CollectiveType::kRemoveProcessSet: return "remove_process_set";
   }
   return "unknown";
 }

@@ -96,6 +96,10 @@ enum class CollectiveType : int32_t {
   kReducescatter = 4,
   kJoin = 5,
   kBarrier = 6,
+  // Process-set changes, negotiated on the global set like a collective
+  // (params.splits: the set's world ranks; params.root_rank: the id).
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
 const char* CollectiveName(CollectiveType t);
 
@@ -156,6 +160,7 @@ struct CollectiveParams {
   double postscale = 1.0;
   int32_t device = -1;           // -1: host memory; >= 0: GPU ordinal
   std::vector<int32_t> splits;   // alltoall only
+  int32_t process_set_id = 0;    // 0: the global set (every rank)
 };
 
 // One locally submitted collective waiting for the other ranks.

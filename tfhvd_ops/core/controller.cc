@@ -1,27 +1,13 @@
 #include "controller.h"
 
+#include "process_set.h"
+
 #include <algorithm>
 #include <map>
 #include <sstream>
 
 namespace tfhvd {
 namespace {
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
-  o << "]";
-  return o.str();
-}
-
-std::string SplitsString(const std::vector<int32_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
 
 // "rank 0 sent X; ranks 1, 2 sent Y" for the values each rank sent.
 template <typename F>
@@ -56,7 +42,34 @@ Coordinator::Coordinator(int size, const Settings& settings, ResponseCache* cach
       joined_(size, false),
       shut_down_(size, false),
       lost_(size, false),
-      last_stall_check_(Clock::now()) {}
+      last_stall_check_(Clock::now()) {
+  std::vector<int> all(size);
+  for (int r = 0; r < size; ++r) all[r] = r;
+  AddSet(0, all);
+}
+
+void Coordinator::AddSet(int32_t id, std::vector<int> ranks) {
+  SetInfo& info = sets_[id];
+  info.member.assign(size_, false);
+  for (int r : ranks) info.member[r] = true;
+  info.ranks = std::move(ranks);
+  if (id == 0) {
+    info.cache = cache_;
+  } else if (cache_ != nullptr) {
+    info.own_cache = std::make_unique<ResponseCache>(settings_.cache_capacity);
+    info.cache = info.own_cache.get();
+  }
+}
+
+const Coordinator::SetInfo* Coordinator::Set(int32_t id) const {
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : &it->second;
+}
+
+bool Coordinator::Receives(int rank, int32_t set_id) const {
+  const SetInfo* info = Set(set_id);
+  return info == nullptr || info->member[rank];
+}
 
 bool Coordinator::AllWorkersShutDown() const {
   for (int r = 1; r < size_; ++r) {
@@ -72,10 +85,15 @@ void Coordinator::MarkLost(int rank) {
 }
 
 void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_point now) {
-  for (int32_t id : list.cached_ids) {
-    const ResponseCache::Entry* e = cache_->Get(id);
+  for (size_t i = 0; i < list.cached_ids.size(); ++i) {
+    const int32_t id = list.cached_ids[i];
+    const int32_t set = i < list.cached_sets.size() ? list.cached_sets[i] : 0;
+    const SetInfo* info = Set(set);
+    const ResponseCache::Entry* e =
+        info != nullptr && info->cache != nullptr ? info->cache->Get(id) : nullptr;
     if (e == nullptr) {
-      TFHVD_LOG(*log_, kError, "rank " << rank << " sent unknown cache slot " << id);
+      TFHVD_LOG(*log_, kError, "rank " << rank << " sent unknown cache slot " << id
+                                        << " of process set " << set);
       continue;
     }
     Request r;
@@ -96,14 +114,31 @@ void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_poi
 }
 
 void Coordinator::Add(const Request& r, Clock::time_point now) {
-  auto it = table_.find(r.name);
+  const int32_t set = r.params.process_set_id;
+  const SetInfo* info = Set(set);
+  if (info == nullptr || !info->member[r.rank]) {
+    // Each rank checks this when it enqueues; a set removed meanwhile gets here.
+    immediate_.push_back(ErrorResponse(
+        r.name, set,
+        "tfhvd: " + std::string(CollectiveName(r.params.type)) + " of tensor '" + r.name +
+            "': " + (info == nullptr ? "process set " + std::to_string(set) +
+                                           " does not exist, or has been removed"
+                                     : "rank " + std::to_string(r.rank) +
+                                           " is not a member of process set " +
+                                           std::to_string(set))));
+    return;
+  }
+  const std::string key = TensorKey(set, r.name);
+  auto it = table_.find(key);
   if (it == table_.end()) {
     Pending p;
+    p.name = r.name;
+    p.set = set;
     p.by_rank.resize(size_);
     p.present.assign(size_, false);
     p.first_seen = now;
     p.last_warned = now;
-    it = table_.emplace(r.name, std::move(p)).first;
+    it = table_.emplace(key, std::move(p)).first;
   }
   Pending& p = it->second;
   if (p.present[r.rank]) {
@@ -122,29 +157,35 @@ void Coordinator::Add(const Request& r, Clock::time_point now) {
     // Joining may complete tensors that were only waiting for this rank.
     std::vector<std::string> names;
     for (const auto& kv : table_) {
-      if (kv.first != r.name) names.push_back(kv.first);
+      if (kv.first != key && kv.second.set == 0) names.push_back(kv.first);
     }
     for (const auto& n : names) MarkReadyIfComplete(n);
   }
-  MarkReadyIfComplete(r.name);
+  MarkReadyIfComplete(key);
 }
 
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   auto it = table_.find(name);
   if (it == table_.end() || it->second.ready) return;
   Pending& p = it->second;
-  if (p.count + joined_count_ < size_) return;  // fast path: someone is missing
-  for (int r = 0; r < size_; ++r) {
-    if (!p.present[r] && !joined_[r]) return;
+  if (p.set != 0) {
+    if (p.count < static_cast<int>(Set(p.set)->ranks.size())) return;
+  } else {
+    if (p.count + joined_count_ < size_) return;  // fast path: someone is missing
+    for (int r = 0; r < size_; ++r) {
+      if (!p.present[r] && !joined_[r]) return;
+    }
   }
   p.ready = true;
   ready_.push_back(name);
 }
 
-Response Coordinator::ErrorResponse(const std::string& name, const std::string& msg) const {
+Response Coordinator::ErrorResponse(const std::string& name, int32_t set,
+                                    const std::string& msg) const {
   Response resp;
   resp.kind = ResponseKind::kError;
   resp.names = {name};
+  resp.params.process_set_id = set;
   resp.error = msg;
   return resp;
 }
@@ -158,6 +199,8 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
     }
   }
   const CollectiveParams& ref = p.by_rank[first].params;
+  const SetInfo& set = *Set(p.set);
+  const int n = static_cast<int>(set.ranks.size());  // ranks in the set
   auto differs = [&](auto get) {
     for (int r = 0; r < size_; ++r) {
       if (p.present[r] && !(get(p.by_rank[r].params) == get(ref))) return true;
@@ -240,6 +283,23 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       return prefix + "root rank " + std::to_string(ref.root_rank) + " is out of range for " +
              std::to_string(size_) + " ranks";
     }
+    if (!set.member[ref.root_rank]) {
+      return prefix + "root rank " + std::to_string(ref.root_rank) +
+             " is not a member of process set " + std::to_string(p.set) + " " +
+             RanksString(set.ranks);
+    }
+  }
+  if (ref.type == CollectiveType::kAddProcessSet &&
+      differs([](const CollectiveParams& c) { return c.splits; })) {
+    return prefix + "ranks asked for different process sets: " +
+           PerRank(p.by_rank, p.present,
+                   [](const Request& q) { return RanksString(q.params.splits); });
+  }
+  if (ref.type == CollectiveType::kRemoveProcessSet &&
+      differs([](const CollectiveParams& c) { return c.root_rank; })) {
+    return prefix + "ranks asked to remove different process sets: " +
+           PerRank(p.by_rank, p.present,
+                   [](const Request& q) { return "id " + std::to_string(q.params.root_rank); });
   }
   if (ref.type == CollectiveType::kReducescatter && ref.shape.empty()) {
     return prefix + "a scalar cannot be scattered; give a tensor of rank >= 1";
@@ -250,21 +310,21 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       const CollectiveParams& c = p.by_rank[r].params;
       int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
       if (c.splits.empty()) continue;  // even split, checked below
-      if (static_cast<int>(c.splits.size()) != size_) {
+      if (static_cast<int>(c.splits.size()) != n) {
         return prefix + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
-               " splits " + SplitsString(c.splits) + ", expected one per rank (" +
-               std::to_string(size_) + ")";
+               " splits " + RanksString(c.splits) + ", expected one per rank (" +
+               std::to_string(n) + ")";
       }
       int64_t sum = 0;
       for (int32_t s : c.splits) {
         if (s < 0) {
           return prefix + "rank " + std::to_string(r) + " gave a negative split " +
-                 SplitsString(c.splits);
+                 RanksString(c.splits);
         }
         sum += s;
       }
       if (sum != dim0) {
-        return prefix + "rank " + std::to_string(r) + " gave splits " + SplitsString(c.splits) +
+        return prefix + "rank " + std::to_string(r) + " gave splits " + RanksString(c.splits) +
                " that sum to " + std::to_string(sum) + ", but its first dimension is " +
                std::to_string(dim0);
       }
@@ -273,31 +333,43 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       if (!p.present[r]) continue;
       const CollectiveParams& c = p.by_rank[r].params;
       int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
-      if (c.splits.empty() && dim0 % size_ != 0) {
+      if (c.splits.empty() && dim0 % n != 0) {
         return prefix + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
-               std::to_string(dim0) + " is not divisible by " + std::to_string(size_) + " ranks";
+               std::to_string(dim0) + " is not divisible by " + std::to_string(n) + " ranks";
       }
     }
   }
   return "";
 }
 
-Response Coordinator::Build(const std::string& name, Pending& p) {
+Response Coordinator::Build(Pending& p) {
+  const std::string& name = p.name;
   std::string err = Validate(name, p);
-  if (!err.empty()) return ErrorResponse(name, err);
+  if (!err.empty()) return ErrorResponse(name, p.set, err);
   int first = 0;
   while (!p.present[first]) ++first;
   const CollectiveParams& ref = p.by_rank[first].params;
+  const SetInfo& set = *Set(p.set);
+  const int n = static_cast<int>(set.ranks.size());
   std::vector<int32_t> joined;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < size_ && p.set == 0; ++r) {
     if (joined_[r] && !p.present[r]) joined.push_back(r);
   }
+  const bool set_change = ref.type == CollectiveType::kAddProcessSet ||
+                          ref.type == CollectiveType::kRemoveProcessSet;
+  const std::string joined_ranks = RanksString(std::vector<int>(joined.begin(), joined.end()));
+  if (!joined.empty() && set_change) {
+    return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) +
+                                          " cannot run while ranks " + joined_ranks +
+                                          " have joined");
+  }
+  if (set_change) return ChangeSets(p, ref);
   if (!joined.empty() && ref.type != CollectiveType::kAllreduce &&
       ref.type != CollectiveType::kJoin) {
-    return ErrorResponse(name, "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" +
-                                   name + "' cannot run while ranks " +
-                                   RankList(std::vector<int>(joined.begin(), joined.end())) +
-                                   " have joined; only allreduce supports join");
+    return ErrorResponse(name, p.set,
+                         "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name +
+                             "' cannot run while ranks " + joined_ranks +
+                             " have joined; only allreduce supports join");
   }
   Response resp;
   resp.names = {name};
@@ -308,17 +380,17 @@ Response Coordinator::Build(const std::string& name, Pending& p) {
       resp.sizes = {NumElements(ref.shape)};
       break;
     case CollectiveType::kAllgather:
-      for (int r = 0; r < size_; ++r) {
+      for (int r : set.ranks) {
         const Shape& s = p.by_rank[r].params.shape;
         resp.sizes.push_back(s.empty() ? 1 : s[0]);
       }
       break;
     case CollectiveType::kAlltoall:
-      for (int r = 0; r < size_; ++r) {
+      for (int r : set.ranks) {
         const CollectiveParams& c = p.by_rank[r].params;
         int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
-        for (int j = 0; j < size_; ++j) {
-          resp.sizes.push_back(c.splits.empty() ? dim0 / size_ : c.splits[j]);
+        for (int j = 0; j < n; ++j) {
+          resp.sizes.push_back(c.splits.empty() ? dim0 / n : c.splits[j]);
         }
       }
       break;
@@ -329,9 +401,51 @@ Response Coordinator::Build(const std::string& name, Pending& p) {
     default:
       break;
   }
-  if (cache_ != nullptr && joined.empty()) {
-    resp.cache_ids = {cache_->Assign(name, ref)};
+  if (set.cache != nullptr && joined.empty()) {
+    resp.cache_ids = {set.cache->Assign(name, ref)};
   }
+  return resp;
+}
+
+Response Coordinator::ChangeSets(const Pending& p, const CollectiveParams& ref) {
+  const std::string prefix = "tfhvd: " + std::string(CollectiveName(ref.type)) + ": ";
+  Response resp;
+  resp.names = {p.name};
+  resp.params = ref;
+  if (ref.type == CollectiveType::kAddProcessSet) {
+    std::vector<int> ranks(ref.splits.begin(), ref.splits.end());
+    if (ranks.empty()) {
+      for (int r = 0; r < size_; ++r) ranks.push_back(r);  // Horovod: [] is every rank
+    }
+    Status st = CheckSetRanks(&ranks, size_);
+    if (!st.ok()) return ErrorResponse(p.name, 0, st.message());
+    for (const auto& kv : sets_) {
+      if (kv.second.ranks == ranks) {
+        return ErrorResponse(p.name, 0, prefix + "a process set with ranks " +
+                                            RanksString(ranks) + " exists already (id " +
+                                            std::to_string(kv.first) + ")");
+      }
+    }
+    const int32_t id = next_set_id_++;
+    AddSet(id, ranks);
+    resp.params.root_rank = id;
+    resp.params.splits.assign(ranks.begin(), ranks.end());
+    return resp;
+  }
+  const int32_t id = ref.root_rank;
+  if (id == 0) return ErrorResponse(p.name, 0, prefix + "the global process set cannot be removed");
+  if (Set(id) == nullptr) {
+    return ErrorResponse(p.name, 0, prefix + "process set " + std::to_string(id) +
+                                        " does not exist, or has been removed");
+  }
+  sets_.erase(id);
+  // Its pending tensors: each member fails its own when it runs this response.
+  for (auto it = table_.begin(); it != table_.end();) {
+    it = it->second.set == id ? table_.erase(it) : std::next(it);
+  }
+  ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                              [this](const std::string& k) { return !table_.count(k); }),
+               ready_.end());
   return resp;
 }
 
@@ -340,7 +454,8 @@ std::vector<Response> Coordinator::Fuse(std::vector<Response> in) {
   auto fusable = [](const Response& a, const Response& b) {
     return a.params.dtype == b.params.dtype && a.params.reduce_op == b.params.reduce_op &&
            a.params.prescale == b.params.prescale && a.params.postscale == b.params.postscale &&
-           a.params.device == b.params.device && a.joined_ranks == b.joined_ranks;
+           a.params.device == b.params.device && a.joined_ranks == b.joined_ranks &&
+           a.params.process_set_id == b.params.process_set_id;
   };
   std::vector<Response> out;
   std::vector<std::pair<size_t, int64_t>> open;  // (index in out, bytes so far)
@@ -372,10 +487,10 @@ std::vector<Response> Coordinator::Fuse(std::vector<Response> in) {
 
 std::string Coordinator::MissingRanks(const Pending& p) const {
   std::vector<int> missing;
-  for (int r = 0; r < size_; ++r) {
-    if (!p.present[r] && !joined_[r]) missing.push_back(r);
+  for (int r : Set(p.set)->ranks) {
+    if (!p.present[r] && !(p.set == 0 && joined_[r])) missing.push_back(r);
   }
-  return RankList(missing);
+  return RanksString(missing);
 }
 
 void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out) {
@@ -394,7 +509,8 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
         (p.last_warned == p.first_seen ||
          Secs(now - p.last_warned).count() >= settings_.stall_check_time_s)) {
       p.last_warned = now;
-      warn << "\n  '" << kv.first << "' waited " << static_cast<int>(age)
+      warn << "\n  '" << TimelineName(kv.second.set, kv.second.name) << "' waited "
+           << static_cast<int>(age)
            << " s; missing ranks " << MissingRanks(p);
     }
   }
@@ -407,11 +523,12 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
   for (const auto& name : failed) {
     const Pending& p = table_[name];
     std::ostringstream m;
-    m << "tfhvd: '" << name << "' stalled for over " << settings_.stall_shutdown_time_s
+    m << "tfhvd: '" << TimelineName(p.set, p.name) << "' stalled for over "
+      << settings_.stall_shutdown_time_s
       << " s: ranks " << MissingRanks(p)
       << " never submitted it (stall shutdown time reached)";
     TFHVD_LOG(*log_, kError, m.str());
-    Response err = ErrorResponse(name, m.str());
+    Response err = ErrorResponse(p.name, p.set, m.str());
     err.error_code = StatusCode::kAborted;  // a stuck peer, as Horovod's stall shutdown
     out->push_back(std::move(err));
     table_.erase(name);
@@ -423,10 +540,12 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
   std::vector<std::string> dead;
   for (const auto& kv : table_) {
     const Pending& p = kv.second;
+    const SetInfo& set = *Set(p.set);
     std::vector<int> gone;
     bool lost = false;
     for (int r = 0; r < size_; ++r) {
-      if (shut_down_[r] && (r == 0 || !p.present[r]) && !joined_[r]) {
+      if (shut_down_[r] && (r == 0 || (set.member[r] && !p.present[r])) &&
+          !(p.set == 0 && joined_[r])) {
         gone.push_back(r);
         lost |= lost_[r];
       }
@@ -435,8 +554,9 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
       int first = 0;
       while (first < size_ - 1 && !p.present[first]) ++first;
       Response err = ErrorResponse(
-          kv.first, "tfhvd: " + std::string(CollectiveName(p.by_rank[first].params.type)) +
-                        " of tensor '" + kv.first + "' cannot complete: ranks " + RankList(gone) +
+          p.name, p.set,
+          "tfhvd: " + std::string(CollectiveName(p.by_rank[first].params.type)) +
+                        " of tensor '" + p.name + "' cannot complete: ranks " + RanksString(gone) +
                         (lost ? " have exited or lost their connection" : " have shut down"));
       err.error_code = StatusCode::kAborted;
       out->push_back(std::move(err));
@@ -448,13 +568,14 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
 
 ResponseList Coordinator::Compute(Clock::time_point now) {
   std::vector<Response> responses;
+  responses.swap(immediate_);
   std::vector<std::string> ready;
   ready.swap(ready_);
   bool join_done = false;
-  for (const auto& name : ready) {
-    auto it = table_.find(name);
+  for (const auto& key : ready) {
+    auto it = table_.find(key);
     if (it == table_.end()) continue;
-    Response r = Build(name, it->second);
+    Response r = Build(it->second);
     join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
     responses.push_back(std::move(r));
     table_.erase(it);

@@ -31,6 +31,12 @@
 //  8. Stalls: a name some ranks submitted and others did not is reported
 //     after the stall-check time, listing the missing ranks; with a stall
 //     shutdown time it is failed on every rank.
+//  9. Process sets (process_set.h): every request names its set; the table
+//     is keyed by (set, name), a set's tensor is ready once all the set's
+//     members asked, and its Response goes only to the members.  Adding and
+//     removing a set are requests on the global set: the coordinator checks
+//     that every rank asked for the same change, assigns the id, and from
+//     then on knows the set.  Join concerns the global set only.
 //
 // Nothing here touches a transport or a framework: the class is driven by
 // runtime.cc and unit-tested on its own.
@@ -38,6 +44,8 @@
 #define TFHVD_CORE_CONTROLLER_H_
 
 #include <chrono>
+#include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -64,14 +72,25 @@ class Coordinator {
   ResponseList Compute(Clock::time_point now);
 
   bool HasPending() const { return !table_.empty(); }
+  // Whether `rank` gets the responses of set `set_id` (every rank for the
+  // global set and for sets that no longer exist).
+  bool Receives(int rank, int32_t set_id) const;
   bool IsShutDown(int rank) const { return shut_down_[rank]; }
   // The transport lost `rank` (its process exited or was killed).
   void MarkLost(int rank);
   bool AllWorkersShutDown() const;
 
  private:
+  struct SetInfo {
+    std::vector<int> ranks;      // world ranks, ascending
+    std::vector<bool> member;    // indexed by world rank
+    std::unique_ptr<ResponseCache> own_cache;  // for sets other than the global one
+    ResponseCache* cache = nullptr;            // null: caching disabled
+  };
   struct Pending {
-    std::vector<Request> by_rank;  // indexed by rank; name empty if missing
+    std::string name;
+    int32_t set = 0;
+    std::vector<Request> by_rank;  // indexed by world rank; name empty if missing
     std::vector<bool> present;
     int count = 0;
     bool ready = false;  // queued in ready_
@@ -81,20 +100,28 @@ class Coordinator {
 
   void Add(const Request& r, Clock::time_point now);
   void MarkReadyIfComplete(const std::string& name);
-  Response Build(const std::string& name, Pending& p);
+  Response Build(Pending& p);
   std::string Validate(const std::string& name, const Pending& p) const;
+  // Applies an agreed add or remove of a process set (kAddProcessSet,
+  // kRemoveProcessSet), or says why it cannot be.
+  Response ChangeSets(const Pending& p, const CollectiveParams& ref);
+  void AddSet(int32_t id, std::vector<int> ranks);
   std::vector<Response> Fuse(std::vector<Response> in);
   void CheckStalls(Clock::time_point now, std::vector<Response>* out);
   void FailUnreachable(std::vector<Response>* out);
   std::string MissingRanks(const Pending& p) const;
-  Response ErrorResponse(const std::string& name, const std::string& msg) const;
+  Response ErrorResponse(const std::string& name, int32_t set, const std::string& msg) const;
+  const SetInfo* Set(int32_t id) const;
 
   int size_;
   Settings settings_;
   ResponseCache* cache_;
   const Logger* log_;
-  std::unordered_map<std::string, Pending> table_;
+  std::unordered_map<std::string, Pending> table_;  // by TensorKey(set, name)
   std::vector<std::string> ready_;
+  std::map<int32_t, SetInfo> sets_;
+  int32_t next_set_id_ = 1;
+  std::vector<Response> immediate_;  // errors found when a request arrived
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

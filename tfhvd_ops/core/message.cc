@@ -32,6 +32,7 @@ class Writer {
     Pod(p.postscale);
     Pod(p.device);
     Vec(p.splits);
+    Pod(p.process_set_id);
   }
   std::string Take() { return std::move(out_); }
 
@@ -68,7 +69,7 @@ class Reader {
   bool Params(CollectiveParams* p) {
     return Pod(&p->type) && Pod(&p->dtype) && Vec(&p->shape) && Pod(&p->reduce_op) &&
            Pod(&p->root_rank) && Pod(&p->prescale) && Pod(&p->postscale) &&
-           Pod(&p->device) && Vec(&p->splits);
+           Pod(&p->device) && Vec(&p->splits) && Pod(&p->process_set_id);
   }
   bool Done() const { return p_ == end_; }
 
@@ -90,6 +91,7 @@ std::string Serialize(const RequestList& l) {
     w.Str(r.error);
   }
   w.Vec(l.cached_ids);
+  w.Vec(l.cached_sets);
   return w.Take();
 }
 
@@ -105,7 +107,7 @@ bool Parse(const std::string& bytes, RequestList* l) {
       return false;
     }
   }
-  return r.Vec(&l->cached_ids) && r.Done();
+  return r.Vec(&l->cached_ids) && r.Vec(&l->cached_sets) && r.Done();
 }
 
 std::string Serialize(const ResponseList& l) {

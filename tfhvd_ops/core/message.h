@@ -26,6 +26,7 @@ struct RequestList {
   bool shutdown = false;
   std::vector<Request> requests;
   std::vector<int32_t> cached_ids;  // requests the response cache knows
+  std::vector<int32_t> cached_sets; // the process set of each cached id
 };
 
 enum class ResponseKind : int32_t {

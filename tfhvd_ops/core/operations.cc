@@ -37,8 +37,15 @@ int64_t RowElements(const Shape& s) {
 
 }  // namespace
 
+Collectives* Executor::CollectivesFor(ProcessSet& set, int device) {
+  if (set.id == 0) return backend_->collectives(device);
+  if (device < 0) return set.host.get();
+  return backend_->SubsetDeviceCollectives(set.id, set.host.get(), set.rank, set.size(), device);
+}
+
 void Executor::Execute(const Response& r,
-                       std::vector<std::unique_ptr<TensorTableEntry>>& entries) {
+                       std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+                       ProcessSet& set) {
   Status st;
   if (r.kind == ResponseKind::kError) {
     switch (r.error_code) {
@@ -61,7 +68,7 @@ void Executor::Execute(const Response& r,
     }
     // A joined rank has no tensor here: it works on its own GPU.
     if (!mine && device >= 0) device = kOwnDevice;
-    Collectives* c = backend_->collectives(device);
+    Collectives* c = CollectivesFor(set, device);
     if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
       st = Status::FailedPrecondition(
           "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
@@ -75,7 +82,7 @@ void Executor::Execute(const Response& r,
     } else {
       for (size_t i = 0; i < entries.size(); ++i) {
         if (entries[i]) {
-          timeline_->Start(r.names[i], CollectiveName(p.type),
+          timeline_->Start(TimelineName(set.id, r.names[i]), CollectiveName(p.type),
                            entries[i]->input ? entries[i]->input->size_bytes() : 0);
         }
       }
@@ -86,13 +93,17 @@ void Executor::Execute(const Response& r,
       }
       if (st.ok()) {
         switch (p.type) {
-          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c); break;
+          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c, set); break;
           case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
-          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c); break;
-          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c); break;
-          case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c); break;
+          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c, set); break;
+          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c, set); break;
+          case CollectiveType::kReducescatter:
+            st = Reducescatter(r, *entries[0], c, set);
+            break;
           case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
           case CollectiveType::kBarrier: break;  // negotiation already synchronised
+          default:  // process-set changes are the runtime's (Runtime::ChangeSet)
+            st = Status::Internal("tfhvd: internal error: executor got a process-set change");
         }
       }
       // Outputs must be complete before the callbacks hand them back.
@@ -101,7 +112,7 @@ void Executor::Execute(const Response& r,
         if (st.ok()) st = sync;
       }
       for (size_t i = 0; i < entries.size(); ++i) {
-        if (entries[i]) timeline_->End(r.names[i]);
+        if (entries[i]) timeline_->End(TimelineName(set.id, r.names[i]));
       }
     }
     if (!st.ok() && st.message().find(r.names[0]) == std::string::npos) {
@@ -118,9 +129,9 @@ void Executor::Execute(const Response& r,
 
 Status Executor::Allreduce(const Response& r,
                            std::vector<std::unique_ptr<TensorTableEntry>>& entries,
-                           Collectives* c) {
+                           Collectives* c, const ProcessSet& set) {
   const CollectiveParams& p = r.params;
-  const int size = backend_->topology().size;
+  const int size = set.size();
   const int64_t esize = DataTypeSize(p.dtype);
   const double post = PostFactor(p, size);
   const ReduceOp op = WireOp(p.reduce_op);
@@ -169,10 +180,11 @@ Status Executor::Allreduce(const Response& r,
 void Executor::Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
                      const std::string& next) {
   if (!timeline_->enabled()) return;
+  const int32_t set = r.params.process_set_id;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!entries[i]) continue;
-    if (in_phase_) timeline_->End(r.names[i]);
-    if (!next.empty()) timeline_->Start(r.names[i], next);
+    if (in_phase_) timeline_->End(TimelineName(set, r.names[i]));
+    if (!next.empty()) timeline_->Start(TimelineName(set, r.names[i]), next);
   }
   in_phase_ = !next.empty();
 }
@@ -193,18 +205,20 @@ Status Executor::Allgather(const Response& r, TensorTableEntry& e, Collectives* 
   return c->Allgatherv(e.input->data(), e.input->size_bytes(), out->mutable_data(), recv_bytes);
 }
 
-Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c) {
-  const int root = r.params.root_rank;
+Status Executor::Broadcast(const Response& r, TensorTableEntry& e, Collectives* c,
+                           const ProcessSet& set) {
+  const int root = r.params.root_rank;  // a world rank, as in Horovod
   if (backend_->topology().rank == root && e.output->mutable_data() != e.input->data()) {
     TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), e.output->mutable_data(),
                                         e.input->size_bytes(), DataType::kUInt8, 1.0));
   }
-  return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), root);
+  return c->Broadcast(e.output->mutable_data(), e.output->size_bytes(), set.IndexOf(root));
 }
 
-Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c) {
-  const int size = backend_->topology().size;
-  const int rank = backend_->topology().rank;
+Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c,
+                          const ProcessSet& set) {
+  const int size = set.size();
+  const int rank = set.rank;
   const Shape& in = e.params.shape;
   const int64_t row_bytes = RowElements(in) * DataTypeSize(e.params.dtype);
   std::vector<int64_t> send_bytes(size), recv_bytes(size);
@@ -226,10 +240,11 @@ Status Executor::Alltoall(const Response& r, TensorTableEntry& e, Collectives* c
   return c->Alltoallv(e.input->data(), send_bytes, out->mutable_data(), recv_bytes);
 }
 
-Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c) {
+Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c,
+                               const ProcessSet& set) {
   const CollectiveParams& p = r.params;
-  const int size = backend_->topology().size;
-  const int rank = backend_->topology().rank;
+  const int size = set.size();
+  const int rank = set.rank;
   const int64_t d0 = p.shape[0];
   const int64_t row = RowElements(p.shape);
   std::vector<int64_t> counts(size);
@@ -257,6 +272,56 @@ Status Executor::Join(const Response& r, TensorTableEntry& e) {
   *static_cast<int32_t*>(out->mutable_data()) = r.last_joined_rank;
   e.output = out;
   return Status::OK();
+}
+
+SetWorker::SetWorker(Backend* backend, Timeline* timeline, std::shared_ptr<ProcessSet> set,
+                     std::function<void()> after_each)
+    : executor_(backend, timeline), set_(std::move(set)), after_each_(std::move(after_each)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+SetWorker::~SetWorker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void SetWorker::Submit(Response r, std::vector<std::unique_ptr<TensorTableEntry>> entries) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    jobs_.emplace_back(std::move(r), std::move(entries));
+  }
+  cv_.notify_one();
+}
+
+void SetWorker::Drain() {
+  std::unique_lock<std::mutex> l(mu_);
+  idle_cv_.wait(l, [this] { return jobs_.empty() && !busy_; });
+}
+
+void SetWorker::Abandon() {
+  if (thread_.joinable()) thread_.detach();
+}
+
+void SetWorker::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) break;  // stop_, and nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    l.unlock();
+    executor_.Execute(job.first, job.second, *set_);
+    job.second.clear();
+    if (after_each_) after_each_();
+    l.lock();
+    busy_ = false;
+    if (jobs_.empty()) idle_cv_.notify_all();
+  }
 }
 
 }  // namespace tfhvd

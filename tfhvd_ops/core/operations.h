@@ -13,11 +13,18 @@
 #ifndef TFHVD_CORE_OPERATIONS_H_
 #define TFHVD_CORE_OPERATIONS_H_
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
 #include "message.h"
+#include "process_set.h"
 #include "timeline.h"
 
 namespace tfhvd {
@@ -28,15 +35,21 @@ class Executor {
 
   // `entries[i]` is the local entry for `r.names[i]`, or null when this rank
   // has joined (it then contributes zeros).  Calls every entry's callback.
-  void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries);
+  // `set` is the response's process set, of which this rank is a member; its
+  // collectives move the bytes, and ranks are its own (0 .. set.size()-1).
+  void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
+               ProcessSet& set);
 
  private:
+  // The transport of `set` for tensors on `device` (-1: host).
+  Collectives* CollectivesFor(ProcessSet& set, int device);
   Status Allreduce(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& e,
-                   Collectives* c);
+                   Collectives* c, const ProcessSet& set);
   Status Allgather(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Broadcast(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c);
-  Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c);
+  Status Broadcast(const Response& r, TensorTableEntry& e, Collectives* c, const ProcessSet& set);
+  Status Alltoall(const Response& r, TensorTableEntry& e, Collectives* c, const ProcessSet& set);
+  Status Reducescatter(const Response& r, TensorTableEntry& e, Collectives* c,
+                       const ProcessSet& set);
   Status Join(const Response& r, TensorTableEntry& e);
   // Timeline: ends the current fusion phase on every row and starts `next`
   // ("" ends only).
@@ -46,6 +59,44 @@ class Executor {
   Backend* backend_;
   Timeline* timeline_;
   bool in_phase_ = false;
+};
+
+// Runs one process set's responses on a thread of its own, in the order they
+// were agreed, so that a set's collectives never wait behind another set's
+// (the runtime's loop only negotiates and hands them over) and a rank in two
+// sets runs both at once, each over its own communicator.  Needs a transport
+// that allows concurrent threads (MPI_THREAD_MULTIPLE); without one the
+// runtime runs every set's responses on its loop instead.
+class SetWorker {
+ public:
+  // `after_each` runs after every response (wakes whoever waits for an op).
+  SetWorker(Backend* backend, Timeline* timeline, std::shared_ptr<ProcessSet> set,
+            std::function<void()> after_each);
+  // Runs what was submitted, then stops.
+  ~SetWorker();
+  SetWorker(const SetWorker&) = delete;
+  SetWorker& operator=(const SetWorker&) = delete;
+
+  void Submit(Response r, std::vector<std::unique_ptr<TensorTableEntry>> entries);
+  // Returns once everything submitted so far has run.
+  void Drain();
+  // Gives up on the thread (a shutdown whose peers are stuck: the job aborts).
+  void Abandon();
+
+ private:
+  using Job = std::pair<Response, std::vector<std::unique_ptr<TensorTableEntry>>>;
+  void Run();
+
+  Executor executor_;
+  std::shared_ptr<ProcessSet> set_;
+  std::function<void()> after_each_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // a job arrived, or stop
+  std::condition_variable idle_cv_;  // the queue ran empty
+  std::deque<Job> jobs_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace tfhvd

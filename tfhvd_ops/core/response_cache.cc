@@ -6,7 +6,8 @@ bool SameParams(const CollectiveParams& a, const CollectiveParams& b) {
   return a.type == b.type && a.dtype == b.dtype && a.shape == b.shape &&
          a.reduce_op == b.reduce_op && a.root_rank == b.root_rank &&
          a.prescale == b.prescale && a.postscale == b.postscale &&
-         (a.device < 0) == (b.device < 0) && a.splits == b.splits;  // kind, not ordinal
+         (a.device < 0) == (b.device < 0) && a.splits == b.splits &&  // kind, not ordinal
+         a.process_set_id == b.process_set_id;
 }
 
 bool ResponseCache::Cacheable(CollectiveType t) {

@@ -38,17 +38,54 @@ Runtime::Runtime(const Settings& settings, std::unique_ptr<Backend> backend)
     : settings_(settings),
       backend_(std::move(backend)),
       log_(settings.log_level, backend_->topology().rank),
-      cache_(settings.cache_capacity),
       executor_(backend_.get(), &timeline_) {
   announced_.assign(topology().size, false);
+  std::vector<int> all(topology().size);
+  for (int r = 0; r < topology().size; ++r) all[r] = r;
+  global_set_ = std::make_shared<ProcessSet>(0, all, topology().rank, settings_.cache_capacity);
+  sets_.Add(global_set_);
   if (topology().rank == 0) {
-    coordinator_ = std::make_unique<Coordinator>(topology().size, settings_,
-                                                 settings_.cache_capacity > 0 ? &cache_ : nullptr,
-                                                 &log_);
+    coordinator_ = std::make_unique<Coordinator>(
+        topology().size, settings_, settings_.cache_capacity > 0 ? &global_set_->cache : nullptr,
+        &log_);
   }
 }
 
-Runtime::~Runtime() { Shutdown(); }
+Runtime::~Runtime() {
+  Shutdown();
+  for (auto& set : sets_.TakeAll()) {
+    if (set->id != 0) backend_->ReleaseSubset(set->id);
+  }
+}
+
+std::shared_ptr<ProcessSet> Runtime::FindSet(int32_t id) const { return sets_.Find(id); }
+
+Status Runtime::CheckEntry(const TensorTableEntry& e) const {
+  const CollectiveParams& p = e.params;
+  if (p.process_set_id == 0) return Status::OK();
+  const std::string what =
+      "tfhvd: " + std::string(CollectiveName(p.type)) + " of tensor '" + e.name + "': ";
+  std::shared_ptr<ProcessSet> set = sets_.Find(p.process_set_id);
+  if (!set) {
+    return Status::InvalidArgument(what + "process set " + std::to_string(p.process_set_id) +
+                                   " does not exist, or has been removed");
+  }
+  const std::string desc =
+      "process set " + std::to_string(set->id) + " " + RanksString(set->ranks);
+  if (!set->included()) {
+    return Status::InvalidArgument(what + "rank " + std::to_string(topology().rank) +
+                                   " is not a member of " + desc);
+  }
+  if (p.type == CollectiveType::kBroadcast && set->IndexOf(p.root_rank) < 0) {
+    return Status::InvalidArgument(what + "root rank " + std::to_string(p.root_rank) +
+                                   " is not a member of " + desc +
+                                   " (root_rank is a global rank, as in Horovod)");
+  }
+  if (p.type == CollectiveType::kJoin) {
+    return Status::InvalidArgument(what + "join runs on the global process set only");
+  }
+  return Status::OK();
+}
 
 Status Runtime::Start() {
   const std::string path = Timeline::PathForRank(settings_.timeline_path, topology().rank);
@@ -60,6 +97,7 @@ Status Runtime::Start() {
   // With GPU collectives the loop stays on the background thread: running
   // NCCL work would change a caller's current CUDA device.
   drive_on_callers_ = !backend_->has_device_collectives();
+  set_workers_ = backend_->threads_supported();
   TFHVD_LOG(log_, kInfo, "control channel: " << backend_->control()->Describe());
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -72,6 +110,7 @@ thread_local const Runtime* t_submitting = nullptr;
 thread_local bool t_in_loop = false;
 
 Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
+  for (const TensorTableEntry& e : entries) TFHVD_RETURN_IF_ERROR(CheckEntry(e));
   TFHVD_RETURN_IF_ERROR(queue_.Add(std::move(entries), /*signal=*/t_submitting != this));
   // The background thread may still be parked after a Drive() that ended.
   if (drivers_.load() == 0 && parked_.load()) WakeBackground();
@@ -85,8 +124,41 @@ bool Runtime::Shutdown() {
   queue_.Notify();
   WakeBackground();
   if (thread_.joinable()) thread_.join();
+  StopWorkers();
   timeline_.Stop();
   return !abandoned_;
+}
+
+// While other sets exist the global set's responses run on a worker too, so
+// that rank 0's loop (every set's coordinator) never waits in a global
+// collective while another set negotiates.  With the global set alone they
+// run on the loop, which saves eager ops a thread hand-off.
+void Runtime::UpdateGlobalWorker() {
+  const bool want = set_workers_ && sets_.Ids().size() > 1;
+  auto it = workers_.find(0);
+  if (want && it == workers_.end()) {
+    workers_[0] = MakeWorker(global_set_);
+  } else if (!want && it != workers_.end()) {
+    it->second->Drain();
+    workers_.erase(it);
+  }
+}
+
+std::unique_ptr<SetWorker> Runtime::MakeWorker(std::shared_ptr<ProcessSet> set) {
+  return std::make_unique<SetWorker>(backend_.get(), &timeline_, std::move(set), [this] {
+    queue_.Notify();  // a caller in Drive() may sleep on the queue's eventfd
+    NotifyRoleWaiters();
+  });
+}
+
+void Runtime::StopWorkers() {
+  for (auto& kv : workers_) {
+    if (abandoned_) kv.second->Abandon();  // its collective may never end; the job aborts
+  }
+  if (abandoned_) {
+    for (auto& kv : workers_) kv.second.release();  // NOLINT: the thread may still use it
+  }
+  workers_.clear();
 }
 
 bool Runtime::ShutdownStalled(Clock::time_point since, Clock::time_point* last_warned) {
@@ -125,9 +197,13 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
   RequestList list;
   list.shutdown = shutdown;
   for (Request& r : fresh) {
-    int32_t id = settings_.cache_capacity > 0 ? cache_.Lookup(r.name, r.params) : -1;
+    const int32_t sid = r.params.process_set_id;
+    std::shared_ptr<ProcessSet> set =
+        settings_.cache_capacity > 0 ? (sid == 0 ? global_set_ : sets_.Find(sid)) : nullptr;
+    int32_t id = set ? set->cache.Lookup(r.name, r.params) : -1;
     if (id >= 0) {
       list.cached_ids.push_back(id);
+      list.cached_sets.push_back(sid);
     } else {
       list.requests.push_back(std::move(r));
     }
@@ -138,17 +214,21 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
 void Runtime::ExecuteList(const ResponseList& list) {
   const int rank = topology().rank;
   for (const Response& r : list.responses) {
+    const int32_t sid = r.params.process_set_id;
+    std::shared_ptr<ProcessSet> set = sid == 0 ? global_set_ : sets_.Find(sid);
+    // Another set's work: rank 0 sees every response.
+    if (r.kind == ResponseKind::kCollective && (!set || !set->included())) continue;
     std::vector<std::unique_ptr<TensorTableEntry>> entries(r.names.size());
     bool joined = std::find(r.joined_ranks.begin(), r.joined_ranks.end(), rank) !=
                   r.joined_ranks.end();
     bool missing = false;
     for (size_t i = 0; i < r.names.size(); ++i) {
       TensorTableEntry e;
-      if (queue_.Pop(r.names[i], &e)) {
-        timeline_.NegotiateEnd(r.names[i]);
+      if (queue_.Pop(TensorKey(sid, r.names[i]), &e)) {
+        timeline_.NegotiateEnd(TimelineName(sid, r.names[i]));
         // Cache what this rank asked for: a fused response carries only
         // names[0]'s shape, and cacheable requests are the same on every rank.
-        if (i < r.cache_ids.size()) cache_.Insert(r.cache_ids[i], r.names[i], e.params);
+        if (i < r.cache_ids.size() && set) set->cache.Insert(r.cache_ids[i], r.names[i], e.params);
         entries[i] = std::make_unique<TensorTableEntry>(std::move(e));
       } else if (r.kind == ResponseKind::kCollective && !joined) {
         missing = true;
@@ -161,21 +241,85 @@ void Runtime::ExecuteList(const ResponseList& list) {
       err.error_code = StatusCode::kInternal;
       err.error = "tfhvd: internal error: tensor '" + r.names[0] + "' is missing on rank " +
                   std::to_string(rank);
-      executor_.Execute(err, entries);
+      executor_.Execute(err, entries, set ? *set : *global_set_);
       continue;
     }
     bool any = std::any_of(entries.begin(), entries.end(), [](const auto& e) { return !!e; });
     if (r.kind == ResponseKind::kError && !any) continue;
-    executor_.Execute(r, entries);
+    if (r.kind == ResponseKind::kCollective &&
+        (r.params.type == CollectiveType::kAddProcessSet ||
+         r.params.type == CollectiveType::kRemoveProcessSet)) {
+      ChangeSet(r, entries[0].get());
+      continue;
+    }
+    if (r.kind == ResponseKind::kCollective) {
+      auto w = workers_.find(sid);
+      if (w != workers_.end()) {
+        w->second->Submit(r, std::move(entries));
+        continue;
+      }
+    }
+    executor_.Execute(r, entries, set ? *set : *global_set_);
   }
+}
+
+void Runtime::ChangeSet(const Response& r, TensorTableEntry* e) {
+  const int32_t id = r.params.root_rank;
+  Status st;
+  // The change uses the global set's communicator (MPI_Comm_create): the
+  // global collectives agreed before it finish first.
+  auto global = workers_.find(0);
+  if (global != workers_.end()) global->second->Drain();
+  if (r.params.type == CollectiveType::kAddProcessSet) {
+    std::vector<int> ranks(r.params.splits.begin(), r.params.splits.end());
+    std::unique_ptr<Collectives> host;
+    st = backend_->CreateSubsetCollectives(id, ranks, &host);
+    if (st.ok()) {
+      auto set = std::make_shared<ProcessSet>(id, ranks, topology().rank,
+                                              settings_.cache_capacity);
+      set->host = std::move(host);
+      sets_.Add(set);
+      if (set_workers_ && set->included()) workers_[id] = MakeWorker(set);
+      TFHVD_LOG(log_, kDebug, "added process set " << id << " " << RanksString(ranks));
+    } else {
+      TFHVD_LOG(log_, kError, "process set " << id << " " << RanksString(ranks)
+                                              << " could not be made: " << st.message());
+    }
+  } else {
+    // Every collective agreed before the removal runs first (on every member:
+    // they were handed to the workers in the same order).
+    auto w = workers_.find(id);
+    if (w != workers_.end()) {
+      w->second->Drain();
+      workers_.erase(w);
+    }
+    std::shared_ptr<ProcessSet> set = sets_.Remove(id);
+    for (TensorTableEntry& p : queue_.TakeSet(id)) {
+      if (p.callback) {
+        p.callback(Status::InvalidArgument("tfhvd: " + std::string(CollectiveName(p.params.type)) +
+                                           " of tensor '" + p.name + "': process set " +
+                                           std::to_string(id) +
+                                           " was removed while it was pending"));
+      }
+    }
+    if (set) backend_->ReleaseSubset(id);
+    set.reset();  // frees the set's communicators (every member does it here)
+    TFHVD_LOG(log_, kDebug, "removed process set " << id);
+  }
+  UpdateGlobalWorker();
+  if (e == nullptr) return;
+  if (st.ok() && e->output) *static_cast<int32_t*>(e->output->mutable_data()) = id;
+  if (e->callback) e->callback(st);
 }
 
 void Runtime::TimelineNegotiateStart(const std::vector<Request>& fresh) {
   if (!timeline_.enabled()) return;
   for (const Request& r : fresh) {
-    const TensorTableEntry* e = queue_.Peek(r.name);
-    if (e != nullptr) timeline_.Queued(r.name, e->enqueued);
-    timeline_.NegotiateStart(r.name, CollectiveName(r.params.type));
+    const int32_t sid = r.params.process_set_id;
+    const std::string row = TimelineName(sid, r.name);
+    const TensorTableEntry* e = queue_.Peek(TensorKey(sid, r.name));
+    if (e != nullptr) timeline_.Queued(row, e->enqueued);
+    timeline_.NegotiateStart(row, CollectiveName(r.params.type));
   }
 }
 
@@ -230,12 +374,22 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
   const int size = topology().size;
   // Send the list to every worker still listening; tell a worker that has
   // shut down (or everyone, when we shut down) that it may leave.
+  // Only the global set's responses go to everyone; a set's go to its members.
+  const bool all_global =
+      std::all_of(list.responses.begin(), list.responses.end(),
+                  [](const Response& r) { return r.params.process_set_id == 0; });
   for (int w = 1; w < size; ++w) {
     if (announced_[w]) continue;
     bool tell_leave = shutting_down || coordinator_->IsShutDown(w);
-    if (list.responses.empty() && !tell_leave) continue;
     ResponseList out;
-    out.responses = list.responses;
+    if (all_global) {
+      out.responses = list.responses;
+    } else {
+      for (const Response& r : list.responses) {
+        if (coordinator_->Receives(w, r.params.process_set_id)) out.responses.push_back(r);
+      }
+    }
+    if (out.responses.empty() && !tell_leave) continue;
     out.shutdown = tell_leave;
     Status s = ch->SendToWorker(w, Serialize(out));
     if (!s.ok()) TFHVD_LOG(log_, kError, s.message());

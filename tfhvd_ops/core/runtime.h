@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "controller.h"
 #include "logging.h"
 #include "operations.h"
+#include "process_set.h"
 #include "response_cache.h"
 #include "settings.h"
 #include "tensor_queue.h"
@@ -36,8 +38,13 @@ class Runtime {
   // Starts the background thread.
   Status Start();
   // Hands entries to the background thread; their callbacks run there.
-  // Entries given together are negotiated together (grouped ops).
+  // Entries given together are negotiated together (grouped ops).  Fails at
+  // once for a process set that does not exist or that this rank is not in,
+  // and for a broadcast root outside the set.
   Status Enqueue(std::vector<TensorTableEntry> entries);
+  // The process set `id` (0: global), or null when it does not exist.
+  std::shared_ptr<ProcessSet> FindSet(int32_t id) const;
+  std::vector<int32_t> SetIds() const { return sets_.Ids(); }
   // Collective with the other ranks (see controller.h, step 6); blocks until
   // the background thread has left.  Pending entries fail with Aborted.
   // Waiting for the peers is itself stall-checked: after the stall-check time
@@ -94,6 +101,13 @@ class Runtime {
   bool CoordinatorStep(bool shutting_down);
   bool WorkerStep(bool shutting_down);
   void ExecuteList(const ResponseList& list);
+  // Runs an agreed add or remove of a process set on this rank.
+  void ChangeSet(const Response& r, TensorTableEntry* e);
+  // Stops the sets' workers (after the loop ended).
+  void StopWorkers();
+  std::unique_ptr<SetWorker> MakeWorker(std::shared_ptr<ProcessSet> set);
+  void UpdateGlobalWorker();
+  Status CheckEntry(const TensorTableEntry& e) const;
   void FailAll(const Status& st);
   // While shutting down: warns about, and after the stall-shutdown time gives
   // up on, peers that have not shut down.  Returns true to give up.
@@ -106,11 +120,18 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   Logger log_;
   TensorQueue queue_;
-  ResponseCache cache_;
+  // Declared after backend_: the sets' communicators go first.
+  ProcessSetTable sets_;
+  std::shared_ptr<ProcessSet> global_set_;  // id 0; its cache is the coordinator's
   std::unique_ptr<Coordinator> coordinator_;
   Timeline timeline_;
   Executor executor_;
   std::thread thread_;
+  // Process sets other than the global one run their responses on a worker
+  // each (SetWorker) when the transport allows threads; touched by the loop's
+  // holder only.
+  bool set_workers_ = false;
+  std::map<int32_t, std::unique_ptr<SetWorker>> workers_;
   bool blocking_channel_ = false;    // the channel can Wait() (TCP)
   bool drive_on_callers_ = true;     // Drive() may run the loop (no GPU backend)
   // The loop's role: held by whichever thread runs the loop (the background

@@ -193,6 +193,7 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseChoice(env, "CONTROLLER", &s->controller));
   TFHVD_RETURN_IF_ERROR(ParseChoice(env, "CPU_OPERATIONS", &s->cpu_operations));
   TFHVD_RETURN_IF_ERROR(ParseLaunchEnv(env, &s->launch));
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "DYNAMIC_PROCESS_SETS", &s->dynamic_process_sets));
   return Status::OK();
 }
 
@@ -217,7 +218,8 @@ std::string Settings::ToString() const {
     << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n"
     << "controller=" << BackendChoiceName(controller) << "\n"
     << "cpu_operations=" << BackendChoiceName(cpu_operations) << "\n"
-    << "gloo_timeout_s=" << launch.timeout_s << "\n";
+    << "gloo_timeout_s=" << launch.timeout_s << "\n"
+    << "dynamic_process_sets=" << (dynamic_process_sets ? 1 : 0) << "\n";
   return o.str();
 }
 

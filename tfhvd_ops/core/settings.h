@@ -71,6 +71,7 @@ struct Settings {
   BackendChoice controller = BackendChoice::kAuto;      // CONTROLLER: gloo|mpi
   BackendChoice cpu_operations = BackendChoice::kAuto;  // CPU_OPERATIONS: gloo|mpi
   LaunchEnv launch;
+  bool dynamic_process_sets = false;   // DYNAMIC_PROCESS_SETS: allow add/remove_process_set
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;

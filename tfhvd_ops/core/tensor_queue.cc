@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "process_set.h"
+
 namespace tfhvd {
 
 TensorQueue::TensorQueue() : efd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
@@ -61,8 +63,9 @@ std::vector<Request> TensorQueue::TakeNew(int32_t rank) {
   }
   std::vector<Request> out;
   for (auto& e : fresh) {
-    if (pending_.count(e.name)) {
-      held_[e.name].push_back(std::move(e));
+    std::string key = TensorKey(e.params.process_set_id, e.name);
+    if (pending_.count(key)) {
+      held_[key].push_back(std::move(e));
       continue;
     }
     Request r;
@@ -70,8 +73,7 @@ std::vector<Request> TensorQueue::TakeNew(int32_t rank) {
     r.name = e.name;
     r.params = e.params;
     out.push_back(std::move(r));
-    std::string name = e.name;
-    pending_.emplace(std::move(name), std::move(e));
+    pending_.emplace(std::move(key), std::move(e));
   }
   return out;
 }
@@ -91,6 +93,24 @@ bool TensorQueue::Pop(const std::string& name, TensorTableEntry* out) {
     SignalLocked();
   }
   return true;
+}
+
+std::vector<TensorTableEntry> TensorQueue::TakeSet(int32_t set_id) {
+  std::vector<TensorTableEntry> out;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.params.process_set_id != set_id) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(it->second));
+    auto h = held_.find(it->first);
+    if (h != held_.end()) {
+      for (auto& e : h->second) out.push_back(std::move(e));
+      held_.erase(h);
+    }
+    it = pending_.erase(it);
+  }
+  return out;
 }
 
 std::vector<TensorTableEntry> TensorQueue::TakeAll() {

@@ -44,16 +44,19 @@ class TensorQueue {
   // Moves newly added entries into the pending table; returns their
   // requests in submission order.
   std::vector<Request> TakeNew(int32_t rank);
-  // Removes the pending entry for `name`.  Returns false if none.
-  bool Pop(const std::string& name, TensorTableEntry* out);
+  // Entries are keyed by TensorKey(set, name) (process_set.h) below.
+  // Removes the pending entry for `key`.  Returns false if none.
+  bool Pop(const std::string& key, TensorTableEntry* out);
   bool HasPending() const { return !pending_.empty(); }
   // Entries added but not yet taken (any thread).
   bool HasIncoming();
-  // The pending entry for `name`, or null.
-  const TensorTableEntry* Peek(const std::string& name) const {
-    auto it = pending_.find(name);
+  // The pending entry for `key`, or null.
+  const TensorTableEntry* Peek(const std::string& key) const {
+    auto it = pending_.find(key);
     return it == pending_.end() ? nullptr : &it->second;
   }
+  // Removes the pending and held entries of process set `set_id` (removed).
+  std::vector<TensorTableEntry> TakeSet(int32_t set_id);
   // Removes every pending and held entry (for failing them at shutdown).
   std::vector<TensorTableEntry> TakeAll();
 

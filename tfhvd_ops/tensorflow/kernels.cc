@@ -32,7 +32,46 @@ class BarrierOp : public NoTensorOp {
       : NoTensorOp(c, core::CollectiveType::kBarrier, "barrier.noname") {}
 };
 
-// Size, rank and friends: synchronous scalars read from the runtime.
+// Size, rank and membership of a process set (process_set_id attr).
+class SetTopologyOp : public OpKernel {
+ public:
+  enum What { kSize, kRank, kIncluded };
+  SetTopologyOp(OpKernelConstruction* c, What what) : OpKernel(c), what_(what) {
+    if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &id_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    auto rt = core::CurrentRuntime();
+    OP_REQUIRES(ctx, rt != nullptr, errors::FailedPrecondition(core::kNotInitialized));
+    auto set = rt->FindSet(id_);
+    OP_REQUIRES(ctx, set != nullptr,
+                errors::InvalidArgument("tfhvd: process set ", id_,
+                                        " does not exist, or has been removed"));
+    OP_REQUIRES(ctx, what_ != kRank || set->included(),
+                errors::InvalidArgument("tfhvd: rank ", rt->topology().rank,
+                                        " is not a member of process set ", id_));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32>()() =
+        what_ == kSize ? set->size() : what_ == kRank ? set->rank : (set->included() ? 1 : 0);
+  }
+
+ private:
+  What what_;
+  int id_ = 0;
+};
+
+#define TFHVD_SET_TOPOLOGY_KERNEL(CLASS, NAME, WHAT)                                \
+  class CLASS : public SetTopologyOp {                                             \
+   public:                                                                         \
+    explicit CLASS(OpKernelConstruction* c) : SetTopologyOp(c, WHAT) {}            \
+  };                                                                               \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);
+
+TFHVD_SET_TOPOLOGY_KERNEL(SizeOp, "HorovodSize", kSize)
+TFHVD_SET_TOPOLOGY_KERNEL(RankOp, "HorovodRank", kRank)
+TFHVD_SET_TOPOLOGY_KERNEL(IncludedOp, "HorovodProcessSetIncluded", kIncluded)
+
+// Local size and rank: synchronous scalars read from the runtime.
 class TopologyOp : public OpKernel {
  public:
   TopologyOp(OpKernelConstruction* c, int (*get)(const core::Topology&))
@@ -57,11 +96,8 @@ class TopologyOp : public OpKernel {
   };                                                                               \
   REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);
 
-TFHVD_TOPOLOGY_KERNEL(SizeOp, "HorovodSize", t.size)
 TFHVD_TOPOLOGY_KERNEL(LocalSizeOp, "HorovodLocalSize", t.local_size)
-TFHVD_TOPOLOGY_KERNEL(RankOp, "HorovodRank", t.rank)
 TFHVD_TOPOLOGY_KERNEL(LocalRankOp, "HorovodLocalRank", t.local_rank)
-TFHVD_TOPOLOGY_KERNEL(IncludedOp, "HorovodProcessSetIncluded", (static_cast<void>(t), 1))
 
 REGISTER_KERNEL_BUILDER(Name("HorovodAllreduce").Device(DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodGroupedAllreduce").Device(DEVICE_CPU), AllreduceOp);

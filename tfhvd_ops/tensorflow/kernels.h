@@ -140,12 +140,8 @@ class HorovodOp : public AsyncOpKernel {
     }
     if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     if (c->HasAttr("process_set_id")) {
-      int id = 0;
-      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &id));
-      OP_REQUIRES(c, id == 0,
-                  errors::Unimplemented("tfhvd supports only the global process set "
-                                        "(process_set_id=0), got ",
-                                        id));
+      // Checked when the op runs (Runtime::Enqueue): sets change at run time.
+      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &params_.process_set_id));
     }
     if (c->HasAttr("reduce_op")) {
       int op = 0;

@@ -188,7 +188,13 @@ REGISTER_OP("HorovodProcessSetIncluded")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape);
 TFHVD_TOPOLOGY_OP("HorovodLocalSize", "local_size");
-TFHVD_TOPOLOGY_OP("HorovodRank", "rank");
+// process_set_id is tfhvd's (defaulted, so Horovod graphs load): the rank
+// within that set.
+REGISTER_OP("HorovodRank")
+    .Attr("process_set_id: int = 0")
+    .Output("rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
 TFHVD_TOPOLOGY_OP("HorovodLocalRank", "local_rank");
 
 }  // namespace

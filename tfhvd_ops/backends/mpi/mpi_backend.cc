@@ -122,7 +122,8 @@ class MpiControl : public ControlChannel {
 
 class MpiCollectives : public HostMemoryOps {
  public:
-  explicit MpiCollectives(MPI_Comm comm) : comm_(comm) {
+  // `owned`: the communicator is freed with the collectives (a process set's).
+  explicit MpiCollectives(MPI_Comm comm, bool owned = false) : comm_(comm), owned_(owned) {
     MPI_Type_contiguous(2, MPI_BYTE, &half_);
     MPI_Type_commit(&half_);
     MPI_Type_contiguous(2, MPI_BYTE, &bhalf_);
@@ -145,6 +146,7 @@ class MpiCollectives : public HostMemoryOps {
     }
     MPI_Type_free(&half_);
     MPI_Type_free(&bhalf_);
+    if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
@@ -244,6 +246,7 @@ class MpiCollectives : public HostMemoryOps {
   }
 
   MPI_Comm comm_;
+  bool owned_;
   MPI_Datatype half_, bhalf_;
   MPI_Op ops16_[2][4];
 };
@@ -348,6 +351,26 @@ class MpiBackend : public Backend {
   Collectives* cross_collectives() override {
     if (!cross_cpu_) cross_cpu_ = std::make_unique<MpiCollectives>(cross_);
     return cross_cpu_.get();
+  }
+
+  // A sub-communicator of the data communicator.  MPI_Comm_create is
+  // collective over data_, whose only user is the runtime's loop, the caller.
+  Status CreateSubsetCollectives(int set_id, const std::vector<int>& world_ranks,
+                                 std::unique_ptr<Collectives>* out) override {
+    out->reset();
+    MPI_Group all, group;
+    MPI_CHECK(MPI_Comm_group(data_, &all));
+    int rc = MPI_Group_incl(all, static_cast<int>(world_ranks.size()), world_ranks.data(), &group);
+    MPI_Group_free(&all);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Group_incl");
+    MPI_Comm comm = MPI_COMM_NULL;
+    rc = MPI_Comm_create(data_, group, &comm);
+    MPI_Group_free(&group);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Comm_create");
+    if (comm == MPI_COMM_NULL) return Status::OK();  // not a member
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    *out = std::make_unique<MpiCollectives>(comm, /*owned=*/true);
+    return Status::OK();
   }
 
  private:

@@ -2,6 +2,10 @@
 
 #include "nccl_collectives.h"
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 namespace tfhvd {
 namespace {
 
@@ -33,9 +37,43 @@ class NcclBackend : public Backend {
   Collectives* local_collectives() override { return host_->local_collectives(); }
   Collectives* cross_collectives() override { return host_->cross_collectives(); }
 
+  Status CreateSubsetCollectives(int set_id, const std::vector<int>& world_ranks,
+                                 std::unique_ptr<Collectives>* out) override {
+    return host_->CreateSubsetCollectives(set_id, world_ranks, out);
+  }
+  // One NCCL communicator (and stream) per process set and GPU, made on the
+  // set's first collective on that GPU; its unique id travels over the set's
+  // host collectives, so only the set's members take part.
+  Collectives* SubsetDeviceCollectives(int set_id, Collectives* host, int set_rank, int set_size,
+                                       int device) override {
+    if (host == nullptr) return nullptr;
+    std::lock_guard<std::mutex> l(sets_mu_);  // each set's worker thread calls this
+    auto& gpu = sets_[{set_id, device}];
+    if (!gpu) {
+      Topology topo;  // ranks within the set; flat algorithms only
+      topo.rank = set_rank;
+      topo.size = set_size;
+      topo.local_rank = set_rank;
+      topo.local_size = set_size;
+      NcclPeers peers;
+      peers.host = host;
+      gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false);
+    }
+    gpu->Select(device);
+    return gpu.get();
+  }
+  void ReleaseSubset(int set_id) override {
+    std::lock_guard<std::mutex> l(sets_mu_);
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      it = it->first.first == set_id ? sets_.erase(it) : std::next(it);
+    }
+  }
+
  private:
   std::unique_ptr<Backend> host_;
   std::unique_ptr<NcclCollectives> gpu_;
+  std::mutex sets_mu_;
+  std::map<std::pair<int, int>, std::unique_ptr<NcclCollectives>> sets_;  // (set, device)
 };
 
 }  // namespace

@@ -2,10 +2,11 @@
 // backend (MPI) that keeps negotiating and moving host tensors.
 //
 // What it adds to the host backend (see nccl_collectives.h for the details):
-//  - one NCCL communicator for the process set (tfhvd has only the global
-//    one), created on the first GPU collective, i.e. after negotiation, when
-//    every rank executes the same response; rank 0's ncclUniqueId travels
-//    over the host backend's Broadcast;
+//  - one NCCL communicator for the global process set, created on the first
+//    GPU collective, i.e. after negotiation, when every rank executes the
+//    same response; rank 0's ncclUniqueId travels over the host backend's
+//    Broadcast; and one per other process set and GPU, made the same way over
+//    the set's host collectives on the set's first GPU collective;
 //  - a dedicated CUDA stream per process that waits on the framework's ready
 //    events before touching a tensor;
 //  - a device fusion buffer and batched copy/scale kernels (cuda/);
