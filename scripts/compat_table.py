@@ -38,7 +38,8 @@ NOTES: Dict[str, Tuple[str, str]] = {
                                        "its DistributedOptimizer"),
     "LocalGradientAggregationHelperEager": ("missing", "internal, see "
                                             "LocalGradientAggregationHelper"),
-    "elastic": ("missing", "hvd.elastic is built by a separate issue (elastic training)"),
+    "elastic": ("same", "`hvd.elastic.run`, the states and (Keras) the callbacks; see README "
+                "\"Elastic training\""),
     "mlsl_built": ("missing", "removed from Horovod itself"),
     "is_version_greater_equal_than": ("missing", "Horovod's internal version helper, imported "
                                       "by accident; not API"),
@@ -184,7 +185,7 @@ def row(name: str, kind: str, hparams: Optional[List[str]], module) -> str:
         status, note = NOTES[name]
         params = hp
     elif name in PROCESS_SET_NAMES:
-        status, note, params = "same", "process sets (merged from the process-set work)", hp
+        status, note, params = "same", "process sets", hp
     elif obj is None:
         status, note, params = "missing", "not implemented", hp
     else:
