@@ -227,7 +227,7 @@ def test_set_does_not_wait_for_another_sets_collectives():
 
     big = tf.ones([16 * 1024 * 1024])  # 64 MiB each
     if ps is SETS["even"]:
-        bigs.get_concrete_function(big)  # trace before timing
+        bigs(big)  # trace, and allocate the buffers, before timing
     hvd.barrier()
     latencies, took = [], None
     if ps is SETS["even"]:
@@ -245,8 +245,9 @@ def test_set_does_not_wait_for_another_sets_collectives():
     stats = hvd.allgather_object((took, latencies))
     big_time = min(t for t, _ in stats if t is not None)
     worst = max(x for _, lat in stats for x in lat)
-    # Queued behind the graph, one small allreduce would take most of its time.
-    assert worst < 0.3 * big_time, (worst, big_time)
+    # Queued behind the graph, one small allreduce would take most of its time
+    # (about 0.9 of it when sets share the loop's execution).
+    assert worst < 0.5 * big_time, (worst, big_time)
 
 
 def test_gradients_use_the_set():
