@@ -235,12 +235,16 @@ def test_set_does_not_wait_for_another_sets_collectives():
         bigs(big)
         took = time.monotonic() - t0
     else:
+        # The set's members stop together: each small allreduce carries whether
+        # its sender wants another round (Min: the first to stop stops all).
         t_end = time.monotonic() + 1.5
-        i = 0
-        while time.monotonic() < t_end:
+        i, more = 0, True
+        while more:
             t0 = time.monotonic()
-            hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="small_%d" % i, process_set=ps)
+            flag = hvd.allreduce(tf.constant([1.0 if time.monotonic() < t_end else 0.0]),
+                                 op=hvd.Min, name="small_%d" % i, process_set=ps)
             latencies.append(time.monotonic() - t0)
+            more = bool(flag.numpy()[0])
             i += 1
     stats = hvd.allgather_object((took, latencies))
     big_time = min(t for t, _ in stats if t is not None)
