@@ -227,7 +227,7 @@ def test_set_does_not_wait_for_another_sets_collectives():
 
     big = tf.ones([16 * 1024 * 1024])  # 64 MiB each
     if ps is SETS["even"]:
-        bigs.get_concrete_function(big)  # trace before timing
+        bigs(big)  # trace, and allocate the buffers, before timing
     hvd.barrier()
     latencies, took = [], None
     if ps is SETS["even"]:
@@ -235,18 +235,23 @@ def test_set_does_not_wait_for_another_sets_collectives():
         bigs(big)
         took = time.monotonic() - t0
     else:
+        # The set's members stop together: each small allreduce carries whether
+        # its sender wants another round (Min: the first to stop stops all).
         t_end = time.monotonic() + 1.5
-        i = 0
-        while time.monotonic() < t_end:
+        i, more = 0, True
+        while more:
             t0 = time.monotonic()
-            hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="small_%d" % i, process_set=ps)
+            flag = hvd.allreduce(tf.constant([1.0 if time.monotonic() < t_end else 0.0]),
+                                 op=hvd.Min, name="small_%d" % i, process_set=ps)
             latencies.append(time.monotonic() - t0)
+            more = bool(flag.numpy()[0])
             i += 1
     stats = hvd.allgather_object((took, latencies))
     big_time = min(t for t, _ in stats if t is not None)
     worst = max(x for _, lat in stats for x in lat)
-    # Queued behind the graph, one small allreduce would take most of its time.
-    assert worst < 0.3 * big_time, (worst, big_time)
+    # Queued behind the graph, one small allreduce would take most of its time
+    # (about 0.9 of it when sets share the loop's execution).
+    assert worst < 0.5 * big_time, (worst, big_time)
 
 
 def test_gradients_use_the_set():

@@ -16,8 +16,12 @@
 //    Backend::CreateSubsetCollectives, device collectives per GPU by
 //    Backend::SubsetDeviceCollectives.  The global set uses the backend's.
 // Negotiation goes through the one control channel to rank 0 (messages carry
-// the set id).  Each rank runs only its sets' responses, in the coordinator's
-// order, so sets that share ranks can never deadlock each other.
+// the set id).  Each rank runs only its sets' responses, each set's in the
+// coordinator's order on a worker thread of its own (SetWorker, operations.h;
+// the global set's too while other sets exist), so a set never waits behind
+// another set's collectives and sets that share ranks cannot deadlock.  A
+// transport without thread support runs them all on the loop, in the one
+// order the coordinator sent, which cannot deadlock either.
 #ifndef TFHVD_CORE_PROCESS_SET_H_
 #define TFHVD_CORE_PROCESS_SET_H_
 
