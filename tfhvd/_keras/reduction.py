@@ -182,8 +182,9 @@ class GradientReduction:
             if g is None:
                 continue
             if local and variables is not None and _flavor.variable_key(variables[i]) in local:
-                # Horovod's scale_local_gradients (default True): divided by the size.
-                local_scale = scale / basics.size() if self.__dict__.get(
+                # Horovod's scale_local_gradients (default True): divided by the
+                # size of the set the gradients are reduced over.
+                local_scale = scale / process_set_size(self.process_set) if self.__dict__.get(
                     "scale_local_gradients", True) else scale
                 grads[i] = _scaled(g, local_scale)
                 continue

@@ -182,8 +182,8 @@ class _DistributedGradientTape(tf.GradientTape):
         for i, r in zip(reduce_idx, reduced):
             flat_grads[i] = r
         if self.__dict__.get("_tfhvd_scale_local", True) and self._tfhvd_local:
-            # Horovod's scale_local_gradients: local gradients divided by the size.
-            n = float(basics.size())
+            # Horovod's scale_local_gradients: local gradients divided by the set's size.
+            n = float(process_set_size(self._tfhvd_process_set))
             for i, g in enumerate(flat_grads):
                 if g is not None and id(flat_sources[i]) in self._tfhvd_local:
                     flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
