@@ -334,16 +334,26 @@ def test_eager_threads_and_a_graph_at_once():
     assert [g.numpy().tolist() for g in graph_out] == [[float(i * size)] * 2 for i in range(4)]
 
 
-def test_topology_matches_the_launcher():
-    """Every rank runs on this host: local = global, one cross rank; mpirun's own
-    variables say where each rank is."""
+def _launcher_env(name: str) -> int:
+    """What the launcher said about this process: mpirun's OMPI_COMM_WORLD_<name>,
+    or (tfhvdrun --gloo) Horovod's HOROVOD_<name>."""
     import os
 
+    for key in ("OMPI_COMM_WORLD_" + name, "HOROVOD_" + name):
+        if key in os.environ:
+            return int(os.environ[key])
+    raise AssertionError("the launcher set neither OMPI_COMM_WORLD_%s nor HOROVOD_%s"
+                         % (name, name))
+
+
+def test_topology_matches_the_launcher():
+    """Every rank runs on this host: local = global, one cross rank; the launcher's
+    own variables (mpirun's, or tfhvdrun --gloo's) say where each rank is."""
     rank, size = rank_size()
-    assert rank == int(os.environ["OMPI_COMM_WORLD_RANK"])
-    assert size == int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    assert hvd.local_rank() == int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]) == rank
-    assert hvd.local_size() == int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]) == size
+    assert rank == _launcher_env("RANK")
+    assert size == _launcher_env("SIZE")
+    assert hvd.local_rank() == _launcher_env("LOCAL_RANK") == rank
+    assert hvd.local_size() == _launcher_env("LOCAL_SIZE") == size
     assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
     assert hvd.is_homogeneous() is True
     everyone = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.local_size()),
