@@ -14,7 +14,8 @@ namespace {
 // host transport they were built over still exists.
 class NcclBackend : public Backend {
  public:
-  NcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> host) : host_(std::move(host)) {
+  NcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> host)
+      : host_(std::move(host)), timeout_s_(opts.device_timeout_s) {
     NcclPeers peers;
     peers.host = host_->collectives(-1);
     if (opts.hierarchical_allreduce) {
@@ -57,7 +58,7 @@ class NcclBackend : public Backend {
       topo.local_size = set_size;
       NcclPeers peers;
       peers.host = host;
-      gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false);
+      gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false, timeout_s_);
     }
     gpu->Select(device);
     return gpu.get();
@@ -71,6 +72,7 @@ class NcclBackend : public Backend {
 
  private:
   std::unique_ptr<Backend> host_;
+  double timeout_s_;  // the longest wait for device work (TFHVD_NCCL_TIMEOUT)
   std::unique_ptr<NcclCollectives> gpu_;
   std::mutex sets_mu_;
   std::map<std::pair<int, int>, std::unique_ptr<NcclCollectives>> sets_;  // (set, device)
