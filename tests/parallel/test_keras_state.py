@@ -97,14 +97,24 @@ def test_get_config_from_config_round_trip(name):
     original = _fit_with(opt)
     copies = [_fit_with(again), _fit_with(restored)]
     default = _fit_with(hvd.DistributedOptimizer(CONFIG_CASES[name]()))
+    # Bit for bit where the sum's order is fixed (MPI, or two ranks); Gloo's ring
+    # sums 3+ ranks' fp16 values in an order that depends on where a value sits in
+    # the fused buffer, so there the copies must agree far closer than the default.
+    exact = hvd.size() <= 2 or not hvd.gloo_enabled()
+    tol = 0.0 if exact else 3e-3
     for weights, events, iterations in [original] + copies:
         for a, b in zip(original[0], weights, strict=True):
-            np.testing.assert_array_equal(a, b)
+            if exact:
+                np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_allclose(a, b, rtol=0, atol=tol)
         assert iterations == 2
         sig = _reduction_signature(events)
         assert sig == {"groups": [0, 1], "bytes_per_value": 2.0, "reductions": 2 * 4}, sig
     assert default[2] == 6 and _reduction_signature(default[1])["bytes_per_value"] == 4.0
-    assert any(not np.allclose(a, b) for a, b in zip(original[0], default[0], strict=True))
+    apart = max(float(np.max(np.abs(a - b)))
+                for a, b in zip(original[0], default[0], strict=True))
+    assert apart > max(1e-6, 4 * tol), apart
 
 
 def test_loss_scale_optimizer_round_trip():
