@@ -82,9 +82,11 @@ def test_reinit_cycles_do_not_leak():
     after = (_threads(), _fds(), _rss_mb())
     print("reinit x%d: threads %d -> %d, fds %d -> %d, rss %.1f -> %.1f MB"
           % (CYCLES, before[0], after[0], before[1], after[1], before[2], after[2]))
-    assert after[0] <= before[0], "threads grew over %d re-inits: %d -> %d" % (
+    # A leak grows with every cycle (CYCLES or more); allow TensorFlow or the
+    # interpreter a stray thread or descriptor opened lazily during the cycles.
+    assert after[0] - before[0] <= 2, "threads grew over %d re-inits: %d -> %d" % (
         CYCLES, before[0], after[0])
-    assert after[1] <= before[1], "file descriptors grew over %d re-inits: %d -> %d" % (
+    assert after[1] - before[1] <= 2, "file descriptors grew over %d re-inits: %d -> %d" % (
         CYCLES, before[1], after[1])
     # A leaked fusion buffer or Gloo context would be MBs per cycle.
     assert after[2] - before[2] < 30, "memory grew %.1f MB over %d re-inits" % (
