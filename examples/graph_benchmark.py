@@ -16,7 +16,13 @@ Rows (issue 13's table):
   * one 256 KiB allreduce over its twin, and the ratio of the two rows above;
   * ``model.fit`` of a small MLP (Flatten, Dense(64), Dense(10); batch 32) with
     ``hvd.DistributedOptimizer`` against the plain optimizer, paired epochs in one
-    job: the throughput ratio and the extra CPU time per step.
+    job: the throughput ratio and the extra CPU time per step; and the same against
+    a reference that averages the gradients with mpi4py's ``Allreduce`` inside a
+    ``tf.py_function`` (TensorFlow's own cost plus the raw transport: the bar).
+
+tfhvd asks Open MPI to yield while it waits (``TFHVD_MPI_YIELD_WHEN_IDLE``, on by
+default, when tfhvd initialises MPI); run with ``-x TFHVD_MPI_YIELD_WHEN_IDLE=0`` to
+see the cost of MPI's spinning waits.
 """
 
 import argparse
@@ -24,7 +30,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -82,7 +88,7 @@ def print_table(title: str, header: Sequence[str], rows: List[Sequence[str]]) ->
     sys.stdout.flush()
 
 
-def collective_rows(reps: int) -> None:
+def collective_rows(reps: int, rounds: int = 1) -> None:
     small = tf.ones([256], tf.float32)        # 1 KiB
     big = tf.ones([64 * 1024], tf.float32)    # 256 KiB
 
@@ -112,24 +118,63 @@ def collective_rows(reps: int) -> None:
     def one_big_twin(t):
         return t * 1.0 + 1.0
 
-    r1 = paired(lambda: one_small(small), lambda: one_small_twin(small), reps)
-    r64 = paired(lambda: many(big), lambda: many_twin(big), max(20, reps // 2))
-    r256 = paired(lambda: one_big(big), lambda: one_big_twin(big), reps)
+    cases = [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: one_small_twin(small),
+              reps),
+             ("64 x 4 KiB allreduces", lambda: many(big), lambda: many_twin(big),
+              max(20, reps // 2)),
+             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: one_big_twin(big), reps)]
     us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
-    rows = [("1 x 1 KiB allreduce", us(r1[0]), us(r1[1]), us(r1[2]), us(r1[3])),
-            ("64 x 4 KiB allreduces", us(r64[0]), us(r64[1]), us(r64[2]), us(r64[3])),
-            ("1 x 256 KiB allreduce", us(r256[0]), us(r256[1]), us(r256[2]), us(r256[3]))]
+    results: Dict[str, List[Tuple[float, float, float, float]]] = {t: [] for t, *_ in cases}
+    for _ in range(rounds):
+        for title, fn, twin, n in cases:
+            results[title].append(paired(fn, twin, n))
+    rows = []
+    for title, *_ in cases:
+        r = [statistics.median(x) for x in zip(*results[title])]
+        rows.append((title, us(r[0]), us(r[1]), us(r[2]), us(r[3])))
     print_table("Collectives in a tf.function over the same function without them "
-                "(median of %d, slowest rank)" % reps,
+                "(median of %d, slowest rank; median of %d rounds)" % (reps, rounds),
                 ("function", "with (us)", "twin (us)", "over twin, paired (us)",
                  "spread of paired (IQR, us)"), rows)
     if hvd.rank() == 0:
-        ratio = r64[2] / r256[2] if r256[2] > 0 else float("nan")
+        over = {t: statistics.median(r[2] for r in results[t]) for t, *_ in cases}
+        ratio = over["64 x 4 KiB allreduces"] / over["1 x 256 KiB allreduce"]
         print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
 
 
+def _mpi4py_reference(keras: Any) -> Any:
+    """An SGD whose gradients are averaged by mpi4py's Allreduce inside a
+    ``tf.py_function``: the raw transport, called from the training step."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+
+    def average(*grads: tf.Tensor) -> List[np.ndarray]:
+        flat = np.concatenate([g.numpy().ravel() for g in grads])
+        out = np.empty_like(flat)
+        comm.Allreduce(flat, out)
+        out /= comm.size
+        res, off = [], 0
+        for g in grads:
+            n = int(np.prod(g.shape))
+            res.append(out[off:off + n].reshape(g.shape))
+            off += n
+        return res
+
+    class MPI4PySGD(keras.optimizers.SGD):
+        def _clip_gradients(self, grads):
+            out = tf.py_function(average, list(grads), [g.dtype for g in grads])
+            for o, g in zip(out, grads):
+                o.set_shape(g.shape)
+            return super()._clip_gradients(out)
+
+    return MPI4PySGD(0.01)
+
+
 def mlp_rows(pairs: int, steps: int) -> None:
-    """Paired epochs of a small MLP: DistributedOptimizer against the plain optimizer."""
+    """Paired epochs of a small MLP: DistributedOptimizer against the plain
+    optimizer, and against mpi4py's Allreduce called from the step (the bar:
+    TensorFlow's cost plus the raw transport)."""
     import keras
 
     import tfhvd.keras as hvd_keras
@@ -138,43 +183,46 @@ def mlp_rows(pairs: int, steps: int) -> None:
     x = rng.random((steps * 32, 28, 28), dtype=np.float32)
     y = rng.integers(0, 10, steps * 32)
 
-    def model() -> "keras.Model":
+    def model(optimizer: Any) -> "keras.Model":
         keras.utils.set_random_seed(0)
-        return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),
-                                 keras.layers.Dense(64, activation="relu"),
-                                 keras.layers.Dense(10)])
-
-    dist = model()
-    dist.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01)),
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    plain = model()
-    plain.compile(optimizer=keras.optimizers.SGD(0.01),
+        m = keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),
+                              keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(10)])
+        m.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    for m in (dist, plain):  # warm-up: tracing
-        m.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+        m.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)  # warm-up: tracing
+        return m
 
-    def epoch(m) -> Tuple[float, float]:
+    models = {"plain": model(keras.optimizers.SGD(0.01)),
+              "tfhvd": model(hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01))),
+              "mpi4py": model(_mpi4py_reference(keras))}
+
+    def epoch(m: Any) -> Tuple[float, float]:
         _sync()
         c0, t0 = time.process_time(), time.perf_counter()
         m.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
         return time.perf_counter() - t0, time.process_time() - c0
 
-    ratios, cpu = [], []
+    runs = ["tfhvd", "mpi4py"]
+    ratios: Dict[str, List[float]] = {k: [] for k in runs}
+    cpu: Dict[str, List[float]] = {k: [] for k in runs}
     for _ in range(pairs):
-        td, cd = epoch(dist)
-        tp, cp = epoch(plain)
-        ratios.append(tp / td)
-        cpu.append(cd / cp - 1.0)
-    q1, med, q3 = _quantiles(ratios)
-    row = np.array([-med, cpu and statistics.median(cpu)], np.float64)
-    worst = hvd.allreduce(tf.constant(row), op=hvd.Max, name="mlp_row").numpy()
-    print_table("Keras fit, small MLP (batch 32, %d steps an epoch), %d paired epochs"
-                % (steps, pairs),
-                ("figure", "value"),
-                [("throughput DistributedOptimizer / plain (median, worst rank)",
-                  "%.3f" % -worst[0]),
-                 ("spread of the paired ratios on rank 0 (q1 to q3)", "%.3f to %.3f" % (q1, q3)),
-                 ("extra CPU time per epoch (median, worst rank)", "%+.1f%%" % (worst[1] * 100))])
+        tp, cp = epoch(models["plain"])
+        for k in runs:
+            td, cd = epoch(models[k])
+            ratios[k].append(tp / td)
+            cpu[k].append(cd / cp - 1.0)
+    rows = []
+    for k in runs:
+        q1, med, q3 = _quantiles(ratios[k])
+        worst = hvd.allreduce(tf.constant([-med, statistics.median(cpu[k])], tf.float64),
+                              op=hvd.Max, name="mlp_row").numpy()
+        rows.append((k, "%.3f" % -worst[0], "%.3f to %.3f" % (q1, q3),
+                     "%+.1f%%" % (worst[1] * 100)))
+    print_table("Keras fit, small MLP (batch 32, %d steps an epoch), %d paired epochs: "
+                "throughput over the plain optimizer's" % (steps, pairs),
+                ("gradients averaged by", "throughput ratio (median, worst rank)",
+                 "spread on rank 0 (q1 to q3)", "extra CPU time (median, worst rank)"), rows)
 
 
 def main() -> None:
@@ -183,13 +231,15 @@ def main() -> None:
     p.add_argument("--mlp-pairs", type=int, default=5, help="paired epochs of the MLP")
     p.add_argument("--mlp-steps", type=int, default=200, help="steps in each MLP epoch")
     p.add_argument("--skip-mlp", action="store_true", help="skip the Keras fit rows")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of the collective rows (each row: the median of the rounds)")
     args = p.parse_args()
     hvd.init()
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, OMP_NUM_THREADS=%s"
               % (hvd.__version__, hvd.size(), tf.__version__,
                  os.environ.get("OMP_NUM_THREADS", "unset")), flush=True)
-    collective_rows(args.reps)
+    collective_rows(args.reps, args.rounds)
     if not args.skip_mlp:
         mlp_rows(args.mlp_pairs, args.mlp_steps)
 

@@ -121,6 +121,7 @@ struct BackendOptions {
   ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;  // restrict the coordinator's advertised addresses
   bool control_shm = true;    // same-host control bytes through shared memory
+  bool mpi_yield_when_idle = true;  // MPI waits yield the core (when tfhvd initialises MPI)
   bool hierarchical_allreduce = false;  // device allreduce: within node, then across
   // Which CPU backend (the factory resolves kAuto), and what a launcher
   // without mpirun said (rank, size, rendezvous address).

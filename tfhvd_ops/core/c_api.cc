@@ -139,6 +139,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.control = settings.control;
   opts.socket_ifname = settings.socket_ifname;
   opts.control_shm = settings.control_shm;
+  opts.mpi_yield_when_idle = settings.mpi_yield_when_idle;
   opts.hierarchical_allreduce = settings.hierarchical_allreduce;
   opts.controller = settings.controller;
   opts.cpu_operations = settings.cpu_operations;

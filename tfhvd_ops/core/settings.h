@@ -60,6 +60,7 @@ struct Settings {
   ControlKind control = ControlKind::kTcp;
   std::string socket_ifname;           // SOCKET_IFNAME: interface for control sockets
   bool control_shm = true;             // CONTROL_SHM: same-host control bytes via shared memory
+  bool mpi_yield_when_idle = true;     // MPI_YIELD_WHEN_IDLE: Open MPI yields while it waits
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce

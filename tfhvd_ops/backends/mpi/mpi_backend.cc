@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <list>
 #include <string>
@@ -419,6 +420,14 @@ Status CreateMpiBackend(const BackendOptions& opts, std::unique_ptr<Backend>* ou
   }
   MPI_Initialized(&initialized);
   if (!initialized) {
+    // Open MPI reads its parameters from the environment at MPI_Init.  A
+    // blocking collective spins in opal_progress while it waits for a peer;
+    // with as many ranks as cores (and TensorFlow's threads besides) that
+    // spin takes the core the late peer needs, and a training step's
+    // allreduce then costs milliseconds (docs/PERFORMANCE.md, graph mode).
+    // Yielding while idle costs a system call per progress pass, nothing
+    // measurable when cores are free.  A value the user set wins.
+    if (opts.mpi_yield_when_idle) setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     OwnsMpi() = true;
