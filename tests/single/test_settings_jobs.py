@@ -227,3 +227,35 @@ def test_control_falls_back_to_mpi_when_sockets_cannot_connect():
         assert found[r]["ok"], found
         assert "fb_bad" in found[r]["mismatch"] and "rank 1 sent shape [2]" in \
             found[r]["mismatch"], found[r]
+
+
+_YIELD_PROBE = """
+import ctypes
+import tfhvd.tensorflow as hvd
+hvd.init()
+pal = ctypes.CDLL("libopen-pal.so.40")
+print("YIELD", int(ctypes.c_bool.in_dll(pal, "opal_progress_yield_when_idle").value))
+"""
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, 1),                                           # the default: tfhvd asks for it
+    ({"TFHVD_MPI_YIELD_WHEN_IDLE": "0"}, 0),           # switched off: Open MPI's default
+    ({"HOROVOD_MPI_YIELD_WHEN_IDLE": "0"}, 0),         # Horovod's spelling of the setting
+    ({"OMPI_MCA_mpi_yield_when_idle": "0"}, 0),        # the user's own MCA value wins
+])
+def test_mpi_yield_when_idle(env, expected):
+    """MPI_YIELD_WHEN_IDLE: when tfhvd initialises MPI, Open MPI's progress
+    loop yields the core while it waits (docs/PERFORMANCE.md: a Keras step's
+    allreduce otherwise spins away the core its late peer needs).  Read back
+    from Open MPI itself, in a singleton (never oversubscribed, which would
+    turn yielding on by itself)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libopen-pal.so.40")
+    except OSError:
+        pytest.skip("not Open MPI 4 (libopen-pal.so.40): the setting only concerns Open MPI")
+    out = subprocess.run([sys.executable, "-c", _YIELD_PROBE], env=job_env(env), cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "YIELD %d" % expected in out.stdout, out.stdout[-2000:]
