@@ -176,7 +176,8 @@ test-integration: setup
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/install_sshd.sh; \
 	else bash scripts/install_sshd.sh || echo "(not root, no sshd: the multi-node test will skip)"; fi
 	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/integration \
-	  --ignore=tests/integration/test_elastic.py
+	  --ignore=tests/integration/test_elastic.py \
+	  --ignore=tests/integration/test_horovod_elastic_examples.py
 
 # Elastic jobs over Gloo on loopback "hosts" (127.0.0.x): hosts added and
 # removed, SIGKILL, raise, all failing, --min-np timeout, reset limit,
@@ -188,6 +189,9 @@ test-elastic: setup
 	@echo "== elastic tests: tfhvdrun --host-discovery-script over Gloo"
 	timeout --signal=KILL 900 $(PY) -m pytest -q -rs -s --color=no -p no:cacheprovider \
 	  tests/integration/test_elastic.py
+	@echo "== Horovod's examples/elastic/tensorflow2 scripts, hosts removed and re-added"
+	timeout --signal=KILL 900 $(PY) -m pytest -q -rs -s --color=no -p no:cacheprovider \
+	  tests/integration/test_horovod_elastic_examples.py
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)

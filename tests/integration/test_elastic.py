@@ -166,16 +166,13 @@ def test_worker_sigkilled(tmp_path, reference):
 def test_newcomer_dying_before_init_does_not_stop_the_job(tmp_path, reference):
     """The survivors wait for it at the rendezvous (--start-timeout), then form a
     world without it (its host is blacklisted)."""
-    # Training can outrun the 1 s discovery poll on a busy machine, so the job
-    # may end before the third host is launched: retry that race (only that).
-    for attempt in range(3):
-        (tmp_path / str(attempt)).mkdir()
-        run = run_elastic(tmp_path / str(attempt),
-                          [[{}, hosts(1, 2)], [{"epoch": 1}, hosts(1, 2, 3)]], 2,
-                          "--min-np", "1", "--start-timeout", "8",
-                          train_args=["--fault", "127.0.0.3:0:-1:-1:startfail"])
-        if "127.0.0.3" in run.err:
-            break
+    # After epoch 1 the workers hold until the world was formed again (round 2
+    # or later): the third host is added at epoch 1, so training cannot end
+    # before the driver has launched it.
+    run = run_elastic(tmp_path, [[{}, hosts(1, 2)], [{"epoch": 1}, hosts(1, 2, 3)]], 2,
+                      "--min-np", "1", "--start-timeout", "8",
+                      train_args=["--fault", "127.0.0.3:0:-1:-1:startfail",
+                                  "--wait-round", "1:2"])
     check_training(run, 2)
     assert "worker 127.0.0.3:0 failed with exit code 3" in run.err, run.explain()
     assert run.sizes()[0] == 2 and run.sizes()[-1] == 2, run.explain()
@@ -232,6 +229,40 @@ def test_blacklisted_host_back_after_cooldown_exact_recovery(tmp_path, reference
     check_training(run, 3)
     assert run.sizes() == [3, 2, 3], run.explain()
     assert_exact(run, reference)
+
+
+def test_training_on_a_process_set_through_resets(tmp_path, reference):
+    """Horovod #4021: elastic training with process sets.  Sets [0, 1] and [2]
+    are registered at init on 3 workers and used every step; the third is
+    SIGKILLed (world of 2: [0, 1] is the whole world, [2] is unavailable and
+    says so), then comes back after the blacklist cooldown (both sets are
+    registered again, with their ids, and give the right sums)."""
+    run = run_elastic(tmp_path, [[{}, hosts(1, 2, 3)]], 3, "--min-np", "1",
+                      "--blacklist-cooldown-range", "1", "2",
+                      train_args=["--fault", "127.0.0.3:0:1:2:kill", "--wait-size", "2:ge:3",
+                                  "--process-set", "0,1", "--process-set", "2"])
+    check_training(run, 3)
+    assert run.sizes() == [3, 2, 3], run.explain()
+    assert_exact(run, reference)
+    ps = run.of("ps")
+    wrong = [r for r in ps if r["got"] != r["want"]]
+    assert not wrong, wrong[:5]
+    rounds = sorted({r["round"] for r in run.of("step")})
+    first, mid, last = rounds[0], rounds[1:-1], rounds[-1]
+    ids = {}
+    for r in ps:
+        ids.setdefault((tuple(r["ranks"]), r["round"] in mid), set()).add(r["id"])
+    # [0, 1] in the world of 2 is the global set; otherwise each keeps its id.
+    assert ids == {((0, 1), False): {1}, ((0, 1), True): {0}, ((2,), False): {2}}, ids
+    for rnd in (first, last):
+        seen = {(tuple(r["ranks"]), r["rank"]) for r in ps if r["round"] == rnd}
+        assert seen >= {((0, 1), 0), ((0, 1), 1), ((2,), 2)}, (rnd, seen)
+    errors = run.of("ps_error")
+    assert errors and {r["round"] for r in errors} <= set(mid), errors
+    assert all(r["ranks"] == [2] and r["size"] == 2 for r in errors), errors
+    assert "ProcessSet(ranks=[2]) is not available in this elastic world of 2 processes: " \
+        "rank 2 is not in it" in errors[0]["error"], errors[0]
+    assert not any(r["round"] in mid and r["ranks"] == [2] for r in ps)
 
 
 def test_one_worker_finishing_early_does_not_stop_the_job(tmp_path, reference):

@@ -111,10 +111,16 @@ def shutdown() -> None:
     Collectives still pending fail with an error.  ``init()`` may be called again;
     process sets registered before are invalidated (``process_set_id`` None).
     """
+    _shutdown(forget_process_sets=True)
+
+
+def _shutdown(forget_process_sets: bool) -> None:
+    """``shutdown()``; an elastic reset keeps the list of process sets, which
+    it registers again in the new world (tfhvd.common.elastic_process_sets)."""
     global _initialized
     _initialized = False
     library.capi().tfhvd_shutdown()
-    _ps._invalidate_all()
+    _ps._invalidate_all(forget=forget_process_sets)
 
 
 def is_initialized() -> bool:

@@ -17,7 +17,8 @@ An elastic training function takes a ``State`` first::
    failed) ``state.restore()`` rolls back to the last commit;
    on :class:`HostsUpdatedInterrupt` (raised by ``commit()`` on every worker at
    the same step) there is nothing to roll back;
-4. ``reset()``: shut down, get the new world from the driver, ``init()`` again;
+4. ``reset()``: shut down, get the new world from the driver, ``init()`` again,
+   register the process sets again (:mod:`tfhvd.common.elastic_process_sets`);
    ``state.on_reset()`` runs the user's reset callbacks; back to 1 (the sync is
    skipped only when hosts were merely removed and the new world has no
    newcomer).

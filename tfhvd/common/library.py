@@ -58,6 +58,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     intp = ctypes.POINTER(ctypes.c_int)
     lib.tfhvd_add_process_set.argtypes = [intp, ctypes.c_int, ctypes.c_int, intp] + errbuf
     lib.tfhvd_remove_process_set.argtypes = [ctypes.c_int] + errbuf
+    lib.tfhvd_remove_process_set_ex.argtypes = [ctypes.c_int, ctypes.c_int] + errbuf
     lib.tfhvd_process_set_info.argtypes = [ctypes.c_int, intp, intp, intp, ctypes.c_int]
     lib.tfhvd_process_set_ids.argtypes = [intp, ctypes.c_int]
     lib.tfhvd_gpu_code_info.restype = ctypes.c_char_p

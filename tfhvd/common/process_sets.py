@@ -14,12 +14,13 @@
 Ranks are global ranks everywhere, as in Horovod: ``broadcast(..., root_rank=r,
 process_set=ps)`` takes ``r`` from ``hvd.rank()``, and ``ps.rank()`` is only the
 index within the set (useful to read an allgather's result).
+
+In an elastic job the sets outlive a reset: see :mod:`tfhvd.common.elastic_process_sets`.
 """
 
 import ctypes
 import numbers
 import os
-import weakref
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from tfhvd.common import library
@@ -44,6 +45,10 @@ class ProcessSet:
     process_set_id: Optional[int] = None
     ranks: Optional[List[int]] = None
     mpi_comm: Any = None
+    # Elastic jobs: the id the set was first given (kept through resets), and
+    # why it cannot be used in the current world (None: it can).
+    _slot: Optional[int] = None
+    _unavailable: Optional[str] = None
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
         if _is_iterable(ranks_or_comm):
@@ -65,6 +70,7 @@ class ProcessSet:
 
     def _invalidate(self) -> None:
         self.process_set_id = None
+        self._unavailable = None
 
     def _info(self):
         """(size, rank within the set, ranks) from the runtime; None when unregistered."""
@@ -121,16 +127,51 @@ def _temp_process_set_object(process_set_id: int) -> ProcessSet:
 
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
-# Every set registered since init, so that shutdown() can invalidate them: a
-# later init() numbers its sets from 1 again.
-_registered: "weakref.WeakSet[ProcessSet]" = weakref.WeakSet()
 
 
-def _invalidate_all() -> None:
-    """Called by shutdown(): the runtime's sets are gone."""
-    for ps in list(_registered):
-        ps._invalidate()
-    _registered.clear()
+class _Registry:
+    """The sets this process registered since init, by id (the runtime gives
+    ids 1, 2, ... in registration order and never reuses one).
+
+    ``slots[i]`` is the set that got id ``i + 1``, or None once removed.  An
+    elastic reset registers them again in the same order, so each gets its id
+    back (see elastic_process_sets); a plain ``shutdown()`` forgets them.
+    """
+
+    def __init__(self) -> None:
+        self.slots: List[Optional[ProcessSet]] = []
+
+    def append(self, ps: Optional[ProcessSet]) -> None:
+        """Records the next id's set (None: an id kept free)."""
+        self.slots.append(ps)
+        if ps is not None:
+            ps._slot = len(self.slots)
+
+    def holds(self, ps: ProcessSet) -> bool:
+        return ps._slot is not None and ps._slot <= len(self.slots) \
+            and self.slots[ps._slot - 1] is ps
+
+    def forget(self, ps: ProcessSet) -> None:
+        if self.holds(ps):
+            assert ps._slot is not None
+            self.slots[ps._slot - 1] = None
+        ps._slot = None
+
+
+registry = _Registry()
+
+
+def _invalidate_all(forget: bool = True) -> None:
+    """Called by shutdown(): the runtime's sets are gone.  An elastic reset
+    passes ``forget=False`` to keep the list it registers again."""
+    for ps in registry.slots:
+        if ps is not None:
+            ps._invalidate()
+    if forget:
+        for ps in registry.slots:
+            if ps is not None:
+                ps._slot = None
+        registry.slots = []
 
 
 def _set_info(process_set_id: int):
@@ -158,6 +199,8 @@ def process_set_id(process_set: Any) -> int:
         return 0
     if not isinstance(process_set, ProcessSet):
         raise TypeError("process_set must be an hvd.ProcessSet, got %r" % (process_set,))
+    if process_set._unavailable is not None:
+        raise ValueError(process_set._unavailable)
     if process_set.process_set_id is None:
         raise ValueError("%s is not registered: pass it to hvd.init(process_sets=[...]) or "
                          "hvd.add_process_set() first (a removed set cannot be used again)"
@@ -192,7 +235,18 @@ def _add(ranks: Sequence[int], require_dynamic: bool) -> int:
 
 def _register(ps: ProcessSet, sid: int) -> None:
     ps.process_set_id = sid
-    _registered.add(ps)
+    ps._unavailable = None
+    if not registry.holds(ps):
+        registry.append(ps)
+
+
+def _remove(sid: int, require_dynamic: bool) -> None:
+    """Removes set ``sid`` from the runtime (collective); raises _ProcessSetError."""
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = library.capi().tfhvd_remove_process_set_ex(int(sid), int(require_dynamic), err,
+                                                    _ERR_LEN)
+    if rc != 0:
+        raise _ProcessSetError(rc, err.value.decode(errors="replace"))
 
 
 class _ProcessSetError(ValueError):
@@ -251,6 +305,11 @@ def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
             if ps.process_set_id is None:
                 raise ValueError("hvd.init() was already called without process set %s" % ps)
             continue
+        if _elastic_job():
+            from tfhvd.common import elastic_process_sets
+
+            elastic_process_sets.register(ps, require_dynamic=False)
+            continue
         try:
             _register(ps, _add(ps.ranks, require_dynamic=False))
         except _ProcessSetError as e:
@@ -285,6 +344,11 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
             "Dynamically adding process sets defined by an MPI communicator is not implemented. "
             "Please build the process set via a list of ranks.")
     assert process_set.ranks is not None
+    if _elastic_job():
+        from tfhvd.common import elastic_process_sets
+
+        elastic_process_sets.register(process_set, require_dynamic=True)
+        return process_set
     try:
         _register(process_set, _add(process_set.ranks, require_dynamic=True))
     except _ProcessSetError as e:
@@ -305,6 +369,12 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set fail.
     """
     sid = process_set.process_set_id
+    if process_set is not global_process_set and process_set._slot is not None \
+            and sid in (None, 0):
+        # Elastic: a set the current world cannot hold (its id is kept free).
+        registry.forget(process_set)
+        process_set._invalidate()
+        return True
     if sid is None:
         return False
     if sid == 0:
@@ -313,15 +383,21 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         warnings.warn("hvd.remove_process_set: the global process set cannot be removed",
                       stacklevel=2)
         return False
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = library.capi().tfhvd_remove_process_set(int(sid), err, _ERR_LEN)
-    if rc != 0:
-        msg = err.value.decode(errors="replace")
-        if rc != _FAILED_PRECONDITION and "does not exist" in msg:
+    try:
+        _remove(sid, require_dynamic=True)
+    except _ProcessSetError as e:
+        if e.code != _FAILED_PRECONDITION and "does not exist" in str(e):
             return False
-        raise ValueError(msg)
+        raise ValueError(str(e)) from None
+    registry.forget(process_set)
     process_set._invalidate()
     return True
+
+
+def _elastic_job() -> bool:
+    from tfhvd.runner.elastic import worker
+
+    return worker.in_elastic_job()
 
 
 def _set_dynamic_from_init(process_sets: Any) -> List[ProcessSet]:

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfhvd.common import basics
 from tfhvd.common import elastic as _common
+from tfhvd.common import elastic_process_sets
 from tfhvd.common.elastic import State, run_fn
 from tfhvd.common.elastic_data import ElasticBatches
 from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -82,7 +83,7 @@ def _reset() -> Optional[bool]:
     this process was not started by the elastic driver: then it only
     re-initialises, as Horovod does).
     """
-    basics.shutdown()
+    basics._shutdown(forget_process_sets=False)
     fresh: Optional[bool] = None
     if _worker.in_elastic_job():
         try:
@@ -96,6 +97,7 @@ def _reset() -> Optional[bool]:
     except RuntimeError as e:
         # A peer lost while the new world was forming: ask for another.
         raise HorovodInternalError(str(e)) from e
+    elastic_process_sets.restore()
     return fresh
 
 

@@ -238,9 +238,13 @@ int tfhvd_add_process_set(const int* ranks, int nranks, int require_dynamic, int
 }
 
 int tfhvd_remove_process_set(int id, char* err, int errlen) {
+  return tfhvd_remove_process_set_ex(id, 1, err, errlen);
+}
+
+int tfhvd_remove_process_set_ex(int id, int require_dynamic, char* err, int errlen) {
   auto rt = tfhvd::CurrentRuntime();
   if (!rt) return tfhvd::Fail(Status::FailedPrecondition(tfhvd::kNotInitialized), err, errlen);
-  if (!rt->settings().dynamic_process_sets) {
+  if (require_dynamic && !rt->settings().dynamic_process_sets) {
     return tfhvd::Fail(tfhvd::NotDynamic("removing"), err, errlen);
   }
   rt.reset();

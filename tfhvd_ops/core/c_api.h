@@ -67,6 +67,9 @@ int tfhvd_stop_timeline(void);
 int tfhvd_add_process_set(const int* ranks, int nranks, int require_dynamic, int* id, char* err,
                           int errlen);
 int tfhvd_remove_process_set(int id, char* err, int errlen);
+// The same with the dynamic-mode check optional: an elastic reset removes the
+// placeholder sets that keep the ids of sets it could not register again.
+int tfhvd_remove_process_set_ex(int id, int require_dynamic, char* err, int errlen);
 // Set `id`: its size, this rank's index in it (-1: not a member) and up to
 // `cap` of its world ranks.  Returns 0, -1 when not initialised, -3 when no
 // such set exists (Horovod's codes).

@@ -6,6 +6,14 @@ images, uint8 labels).  Horovod's scripts train for thousands of steps; with
 ``TFHVD_EXAMPLE_MAX_STEPS`` set, ``Dataset.take`` and ``fit(steps_per_epoch=)``
 are capped to it, and with ``TFHVD_EXAMPLE_MAX_EPOCHS``, ``fit(epochs=)``.
 Nothing else about the scripts changes.
+
+For the elastic copies (elastic/), ``TFHVD_EXAMPLE_ELASTIC_LOG=DIR`` makes
+rank 0 log every ``state.commit()`` (``{"ev": "commit", "n", "size"}``) to
+``DIR/commits.jsonl``, which the discovery script of test_elastic.py reads,
+and ``TFHVD_EXAMPLE_ELASTIC_HOLD=N:SIZE,...`` holds training at rank 0's
+N-th commit or later, while the world has SIZE workers, until the host change
+the discovery script makes then interrupts it (every worker holds together:
+rank 0's decision is broadcast).  So a host change always lands mid-run.
 """
 
 import os
@@ -52,3 +60,43 @@ if _MAX_STEPS or _MAX_EPOCHS:
         return _fit(self, *args, **kwargs)
 
     tf.keras.Model.fit = _capped_fit
+
+
+_ELASTIC_LOG = os.environ.get("TFHVD_EXAMPLE_ELASTIC_LOG", "")
+
+
+def _probe_elastic_commits(log_dir: str, holds_spec: str) -> None:
+    import json
+    import time
+
+    from tfhvd.common import basics, elastic
+
+    holds = [tuple(int(v) for v in h.split(":")) for h in holds_spec.split(",") if h]
+    done: set = set()
+    count = [0]
+
+    def commit(self: Any) -> None:
+        self.save()
+        count[0] += 1
+        hold = -1  # an int on every rank: broadcast_object names the op by type
+        if basics.rank() == 0:
+            with open(os.path.join(log_dir, "commits.jsonl"), "a") as f:
+                f.write(json.dumps({"ev": "commit", "n": count[0], "size": basics.size(),
+                                    "t": time.time()}) + "\n")
+            hold = next((i for i, h in enumerate(holds) if i not in done and count[0] >= h[0]
+                         and basics.size() == h[1]), -1)
+            if hold >= 0:
+                done.add(hold)
+        if self._bcast_object(hold) >= 0:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                time.sleep(0.2)
+                self.check_host_updates()  # raises HostsUpdatedInterrupt
+            raise RuntimeError("the hosts never changed at commit %d" % count[0])
+        self.check_host_updates()
+
+    elastic.State.commit = commit
+
+
+if _ELASTIC_LOG:
+    _probe_elastic_commits(_ELASTIC_LOG, os.environ.get("TFHVD_EXAMPLE_ELASTIC_HOLD", ""))

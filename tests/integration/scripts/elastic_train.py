@@ -9,7 +9,12 @@ writes JSON lines to ``LOG_DIR/<host:slot>.jsonl``:
 * ``{"ev": "epoch", ...}`` after every epoch's commit;
 * ``{"ev": "done", "weights": [...]}`` when training returns;
 * ``{"ev": "reset", ...}`` from the reset callback;
-* ``{"ev": "res", ...}`` resource use (rss, threads, fds) after each reset.
+* ``{"ev": "res", ...}`` resource use (rss, threads, fds) after each reset;
+* ``{"ev": "ps", ...}`` with ``--process-set R,R,...`` (a set registered with
+  ``hvd.init(process_sets=[...])``): after every step each member allreduces
+  ``rank + 1`` on the set and logs the sum it got and the one expected (the
+  set's ranks, or the whole world where the set is the global set there); a
+  worker logs ``{"ev": "ps_error", ...}`` when the set is unavailable.
 
 Faults are injected once per job (a marker file in LOG_DIR): ``--fault
 WORKER:EPOCH:BATCH:MODE`` with MODE ``kill`` (SIGKILL itself), ``raise``
@@ -43,6 +48,13 @@ p.add_argument("--batches-per-commit", type=int, default=1)
 p.add_argument("--wait-size", action="append", default=[],
                help="EPOCH:OP:N: after EPOCH epochs, wait (checking for host updates) until "
                     "hvd.size() OP N, OP one of ge, le (the test changes the hosts meanwhile)")
+p.add_argument("--wait-round", action="append", default=[],
+               help="EPOCH:N: after EPOCH epochs, wait (checking for host updates) until the "
+                    "driver's round is N or later, i.e. until the host change the test makes "
+                    "then has reset the world")
+p.add_argument("--process-set", action="append", default=[],
+               help="comma-separated global ranks of a set registered at init; a collective "
+                    "runs on it after every step")
 args = p.parse_args()
 
 WID = os.environ.get("TFHVD_ELASTIC_WORKER", "solo:0")
@@ -92,7 +104,8 @@ for spec in args.fault:  # WORKER:-1:-1:startfail: a newcomer that dies before i
         log("fault", mode="startfail", epoch=-1, batch=-1)
         os._exit(3)
 
-hvd.init()
+PROCESS_SETS = [hvd.ProcessSet([int(r) for r in spec.split(",")]) for spec in args.process_set]
+hvd.init(process_sets=PROCESS_SETS or None)
 rng = np.random.default_rng(0)
 x = rng.normal(size=(args.examples, 4)).astype(np.float32)
 y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
@@ -121,6 +134,24 @@ def step(xb, yb):
     return loss
 
 
+def process_set_collectives():
+    """One allreduce on every set this worker is a member of, checked."""
+    for ps in PROCESS_SETS:
+        if ps.included() is None:  # not registered: the set is unavailable now
+            try:
+                hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, process_set=ps)
+            except ValueError as e:
+                log("ps_error", ranks=ps.ranks, size=hvd.size(), error=str(e))
+                continue
+            raise AssertionError("a collective on unregistered %s did not fail" % ps)
+        if not ps.included():
+            continue
+        members = list(range(hvd.size())) if ps.process_set_id == 0 else ps.ranks
+        got = hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum, process_set=ps)
+        log("ps", ranks=ps.ranks, id=ps.process_set_id, rank=hvd.rank(), size=hvd.size(),
+            got=float(got.numpy()[0]), want=float(sum(r + 1 for r in members)))
+
+
 @hvd.elastic.run
 def train(state):
     while state.epoch < args.epochs:
@@ -128,6 +159,7 @@ def train(state):
             maybe_fault(state.epoch, state.batch)
             loss = step(xb, yb)
             state.steps += 1
+            process_set_collectives()
             log("step", epoch=state.epoch, batch=state.batch, rank=hvd.rank(),
                 size=hvd.size(), loss=float(loss))
             time.sleep(args.step_sleep)
@@ -136,19 +168,27 @@ def train(state):
 
 
 def wait_for_size(state):
-    """Holds training after an epoch until the world has the size the test
-    is changing it to; the HostsUpdatedInterrupt ends the wait (every rank
-    loops in step: the condition is the same everywhere)."""
-    for spec in args.wait_size:
-        epoch, op, n = spec.split(":")
+    """Holds training after an epoch until the world has the size (or the
+    driver's round) the test is changing it to; the HostsUpdatedInterrupt
+    ends the wait (every rank loops in step: the size and the round are the
+    same on every worker of a world)."""
+    waits = [(s.split(":")[0], s.split(":")[1:]) for s in args.wait_size + args.wait_round]
+    for epoch, cond in waits:
         if state.epoch != int(epoch):
             continue
         deadline = time.time() + 120
-        while not (hvd.size() >= int(n) if op == "ge" else hvd.size() <= int(n)):
+        while not reached(cond):
             if time.time() > deadline:
-                raise RuntimeError("the world never reached size %s %s" % (op, n))
+                raise RuntimeError("the world never reached %s" % ":".join(cond))
             time.sleep(0.2)
             state.check_host_updates()
+
+
+def reached(cond):
+    if len(cond) == 1:  # --wait-round
+        return int(os.environ.get("TFHVD_ELASTIC_ROUND", "0")) >= int(cond[0])
+    op, n = cond
+    return hvd.size() >= int(n) if op == "ge" else hvd.size() <= int(n)
 
 
 train(state)
