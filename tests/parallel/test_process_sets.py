@@ -430,3 +430,51 @@ def test_timeline_names_the_set(tmp_path):
     text = open(path.replace("{rank}", str(hvd.rank()))).read()
     json.loads(text)
     assert "timed (process set %d)" % ps.process_set_id in text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ranks_outside_the_set_keep_their_local_gradients(mode):
+    """Horovod's _allreduce_cond: one script runs on every rank; a tape, a Keras
+    DistributedOptimizer and a TF1 DistributedOptimizer on a set reduce over the
+    set, and on a rank outside it return (apply) the local gradients unchanged."""
+    needs_two()
+    import keras
+
+    import tfhvd.keras as khvd
+
+    r = hvd.rank()
+    ps = other()  # this rank is not in it
+    w = tf.Variable([1.0, 2.0])
+
+    def tape_grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * (r + 1.0))
+        return hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [w])[0]
+
+    np.testing.assert_allclose(run(mode, tape_grads), [r + 1.0, r + 1.0])
+
+    opt = khvd.DistributedOptimizer(keras.optimizers.SGD(1.0), process_set=ps)
+    v = keras.Variable([0.0, 0.0])
+    opt.apply_gradients([(tf.constant([r + 1.0, 2.0 * (r + 1.0)]), v)])
+    np.testing.assert_allclose(v.numpy(), [-(r + 1.0), -2.0 * (r + 1.0)])
+
+    legacy = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                      process_set=ps)
+    u = tf.Variable([3.0])
+    pairs = legacy.compute_gradients(lambda: u * (r + 1.0), var_list=[u])
+    np.testing.assert_allclose(pairs[0][0].numpy(), [r + 1.0])
+    global_ok()
+
+
+def test_tf1_distributed_optimizer_reduces_over_its_set():
+    """hvd.DistributedOptimizer(tf.compat.v1.train.*, process_set=ps) averages over
+    ps, not over every rank."""
+    needs_two()
+    r = hvd.rank()
+    ps = mine()
+    u = tf.Variable([3.0])
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                   process_set=ps)
+    pairs = opt.compute_gradients(lambda: u * (r + 1.0), var_list=[u])
+    np.testing.assert_allclose(pairs[0][0].numpy(), [np.mean([q + 1.0 for q in ps.ranks])])
+    global_ok()

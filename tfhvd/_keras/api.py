@@ -52,7 +52,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
       device_dense, device_sparse: accepted for Horovod compatibility; unused.
       num_groups: Horovod's older spelling of an int ``groups``.
       process_set: reduce gradients over this ``hvd.ProcessSet`` only; ranks
-        outside it must not apply gradients with this optimizer.
+        outside it apply their local gradients (as Horovod does).
       scale_local_gradients: Horovod's: gradients of variables kept local
         (``register_local_var``, ``local_layers``) are divided by ``size()``.
 

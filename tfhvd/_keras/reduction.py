@@ -16,7 +16,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 from tfhvd._keras import flavor as _flavor
 from tfhvd.common import basics
 from tfhvd.common.exceptions import NotInitializedError
-from tfhvd.common.process_sets import global_process_set, process_set_size
+from tfhvd.common.process_sets import global_process_set, process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.gradient_tape import grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, allgather
@@ -193,7 +193,8 @@ class GradientReduction:
             todo.append(i)
         if not todo:
             return grads
-        if process_set_size(self.process_set) == 1:
+        if not process_set_reduces(self.process_set or global_process_set):
+            # One rank, or a rank outside the set: local gradients (Horovod's _allreduce_cond).
             for i in todo:
                 grads[i] = _scaled(grads[i], scale)
             return grads

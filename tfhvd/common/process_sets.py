@@ -213,6 +213,17 @@ def process_set_size(process_set: Any) -> int:
     return _set_info(process_set_id(process_set))[0]
 
 
+def process_set_reduces(process_set: Any) -> bool:
+    """Whether a gradient reduction over ``process_set`` communicates on this rank.
+
+    True when the set has more than one rank and this rank is in it.  Elsewhere a
+    distributed tape or optimizer leaves the gradients as they are (Horovod's
+    ``_allreduce_cond``), so one script can run on every rank.
+    """
+    size, rank, _ = _set_info(process_set_id(process_set))
+    return size > 1 and rank >= 0
+
+
 def process_set_rank(process_set: Any) -> int:
     """This process's index in ``process_set`` (its rank for the global set)."""
     ps = _temp_process_set_object(process_set_id(process_set))

@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
-from tfhvd.common.process_sets import process_set_size
+from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _grouped_allreduce,
                                       allgather, grouped_allgather)
@@ -157,8 +157,8 @@ class _DistributedGradientTape(tf.GradientTape):
         self._tfhvd_local.add(id(source))
 
     def _tfhvd_allreduce(self, grads, sources):
-        if process_set_size(self._tfhvd_process_set) == 1:
-            return grads
+        if not process_set_reduces(self._tfhvd_process_set):
+            return grads  # one rank, or a rank outside the set (Horovod's _allreduce_cond)
         flat_grads = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
         reduce_idx = [i for i, g in enumerate(flat_grads)
@@ -217,8 +217,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
       gradient_predivide_factor: with Average, divide by this before the sum
         and by ``size()/factor`` after (helps fp16 range).
       num_groups / groups: split the gradients into this many fused groups.
-      process_set: reduce over this process set only (ranks outside it must
-        not call ``gradient()`` on such a tape).
+      process_set: reduce over this process set only; on ranks outside it
+        ``gradient()`` returns the local gradients (as Horovod does).
     """
     check_process_set(process_set)
     if op == Adasum:

@@ -6,8 +6,8 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
-from tfhvd.common import basics
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
+from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.gradient_tape import _split_groups, grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import Adasum, Average
@@ -18,7 +18,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def __init__(self, optimizer: Any, name: Optional[str], use_locking: bool, compression: Any,
                  sparse_as_dense: bool, op: int, gradient_predivide_factor: float, groups: Any,
-                 scale_local_gradients: bool) -> None:
+                 scale_local_gradients: bool, process_set: ProcessSet = global_process_set
+                 ) -> None:
         super().__init__(name=name or "Distributed" + type(optimizer).__name__,
                          use_locking=use_locking)
         self._optimizer = optimizer
@@ -29,6 +30,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         self._groups = groups
         self._local_vars: set = set()
         self.scale_local_gradients = scale_local_gradients
+        self._process_set = process_set
 
     def register_local_var(self, var: Any) -> None:
         """Keeps ``var``'s gradient local (not reduced; divided by size() when
@@ -38,8 +40,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Any]:
         """The wrapped optimizer's gradients, reduced across ranks."""
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
-        if basics.size() == 1:
-            return pairs
+        if not process_set_reduces(self._process_set):
+            return pairs  # one rank, or a rank outside the set (Horovod's _allreduce_cond)
         grads = [g for g, _ in pairs]
         todo = [i for i, (g, v) in enumerate(pairs)
                 if g is not None and id(v) not in self._local_vars]
@@ -52,11 +54,12 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         for k, group in enumerate(_split_groups(dense, self._groups)):
             reduced.extend(grouped_allreduce(group, compression=self._compression, op=self._op,
                                              prescale_factor=pre, postscale_factor=post,
-                                             name="%s_Allreduce_%d" % (self.get_name(), k)))
+                                             name="%s_Allreduce_%d" % (self.get_name(), k),
+                                             process_set=self._process_set))
         for i, r in zip(todo, reduced):
             grads[i] = r
         if self.scale_local_gradients:
-            n = float(basics.size())
+            n = float(process_set_size(self._process_set))
             for i, (g, v) in enumerate(pairs):
                 if g is not None and id(v) in self._local_vars:
                     grads[i] = g / n
@@ -105,7 +108,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                                       "Keras optimizers, not for tf.compat.v1 optimizers")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense,
                                      op, gradient_predivide_factor, groups,
-                                     scale_local_gradients)
+                                     scale_local_gradients, process_set)
     from tfhvd._keras.api import DistributedOptimizer as keras_distributed_optimizer
 
     return keras_distributed_optimizer(
