@@ -6,10 +6,11 @@ the output must name the failing rank.
 """
 
 import re
+import sys
 
 import pytest
 
-from jobs import clean_env, result_line, train
+from jobs import clean_env, launch, result_line, train
 
 LIMIT = 30.0  # seconds from a failure to the end of the job (the issue's bound)
 # Startup of two TensorFlow processes on a 2-core machine, before any failure.
@@ -127,3 +128,33 @@ def test_no_stall_check_silences_the_warning():
                 launcher_args=["--no-stall-check"])
     assert job.rc == 0, job.explain()
     assert "missing ranks" not in job.err, job.explain()
+
+
+_SHUTDOWN_WITH_A_STUCK_PEER = """
+import sys, time, warnings
+import tensorflow as tf
+import tfhvd.tensorflow as hvd
+hvd.init()
+hvd.allreduce(tf.ones([4]), name="before")
+if hvd.rank() == 1:
+    time.sleep(600)  # stuck outside tfhvd: never shuts down
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    hvd.shutdown()
+print("SHUTDOWN_WARNING", any("did not shut down" in str(w.message) for w in caught), flush=True)
+sys.exit(0)
+"""
+
+
+def test_explicit_shutdown_that_gives_up_on_a_stuck_peer_ends_the_job():
+    """hvd.shutdown() gives up on a stuck rank after the stall-shutdown time and
+    warns; the process's exit then aborts the job instead of waiting for the
+    stuck rank in MPI_Finalize (which would hang), and the abandoned runtime is
+    kept alive (freeing communicators under a stuck collective could crash)."""
+    env = clean_env({"TFHVD_STALL_CHECK_TIME_SECONDS": "1",
+                     "TFHVD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    job = launch(["-np", "2", sys.executable, "-c", _SHUTDOWN_WITH_A_STUCK_PEER],
+                 env=env, timeout=STARTUP + LIMIT + 30)
+    assert "SHUTDOWN_WARNING True" in job.out, job.explain()
+    assert job.rc != 0, job.explain()
+    assert job.seconds < STARTUP + LIMIT, job.explain()

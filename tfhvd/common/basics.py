@@ -6,6 +6,7 @@ modules re-export them.
 
 import atexit
 import ctypes
+import warnings
 from typing import Any, Dict, Optional, Sequence, Union
 
 from tfhvd.common import library, process_sets as _ps
@@ -119,7 +120,11 @@ def _shutdown(forget_process_sets: bool) -> None:
     it registers again in the new world (tfhvd.common.elastic_process_sets)."""
     global _initialized
     _initialized = False
-    library.capi().tfhvd_shutdown()
+    if library.capi().tfhvd_shutdown() != 0:
+        warnings.warn("tfhvd: some ranks did not shut down within the stall-shutdown time "
+                      "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); they are stuck, so at exit this "
+                      "process aborts the job instead of waiting for them in MPI_Finalize",
+                      RuntimeWarning, stacklevel=3)
     _ps._invalidate_all(forget=forget_process_sets)
 
 

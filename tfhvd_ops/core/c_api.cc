@@ -16,6 +16,7 @@ struct Holder {
   std::mutex mu;
   std::shared_ptr<Runtime> runtime;
   int inits = 0;  // successful or not: every rank counts the same attempts
+  bool abandoned = false;  // a shutdown gave up on stuck peers (tfhvd_shutdown)
 };
 
 Holder& Global() {
@@ -169,7 +170,17 @@ int tfhvd_shutdown(void) {
     std::lock_guard<std::mutex> l(g.mu);
     rt.swap(g.runtime);
   }
-  if (rt && !rt->Shutdown()) return 1;
+  if (rt && !rt->Shutdown()) {
+    // The peers are stuck, and the runtime's set workers may still be inside
+    // a collective on its communicators: freeing those would crash it.  Keep
+    // the runtime alive, and remember: MPI_Finalize would wait for the
+    // peers forever, so finalisation aborts instead (tfhvd_finalize).
+    new std::shared_ptr<tfhvd::Runtime>(std::move(rt));  // NOLINT: leaked on purpose
+    auto& g = tfhvd::Global();
+    std::lock_guard<std::mutex> l(g.mu);
+    g.abandoned = true;
+    return 1;
+  }
   return 0;
 }
 
@@ -278,7 +289,14 @@ int tfhvd_stop_timeline(void) {
 }
 
 void tfhvd_finalize(void) {
-  if (tfhvd_shutdown() != 0) {
+  const bool stuck = tfhvd_shutdown() != 0;
+  bool abandoned;
+  {
+    auto& g = tfhvd::Global();
+    std::lock_guard<std::mutex> l(g.mu);
+    abandoned = g.abandoned;  // also by an earlier hvd.shutdown()
+  }
+  if (stuck || abandoned) {
     // The peers are stuck: MPI_Finalize would wait for them forever.
     std::fflush(stdout);
     std::fflush(stderr);

@@ -97,7 +97,11 @@ Status Runtime::Start() {
   // With GPU collectives the loop stays on the background thread: running
   // NCCL work would change a caller's current CUDA device.
   drive_on_callers_ = !backend_->has_device_collectives();
-  set_workers_ = backend_->threads_supported();
+  // With GPU collectives every set's work stays on the loop, in the
+  // coordinator's one order: NCCL communicators of one GPU driven from
+  // several threads can deadlock across ranks (kernels launched in different
+  // orders; cudaFree and communicator creation synchronise the device).
+  set_workers_ = backend_->threads_supported() && !backend_->has_device_collectives();
   TFHVD_LOG(log_, kInfo, "control channel: " << backend_->control()->Describe());
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
