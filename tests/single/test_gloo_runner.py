@@ -5,6 +5,7 @@ import argparse
 import http.client
 import threading
 import time
+import types
 
 import pytest
 
@@ -118,3 +119,40 @@ def test_gloo_refuses_mpirun_only_flags():
         run_gloo(_args("--gloo", "--mpi-args=--mca btl tcp"), {})
     with pytest.raises(UsageError, match="not a subnet"):
         run_gloo(_args("--gloo", "--network-interface", "10.0.0.0/24"), {"PATH": "/usr/bin"})
+
+
+class _FakeWorker:
+    """What GlooJob.wait() uses of a Worker: an exit code that is already known."""
+
+    class _Proc:
+        def wait(self, timeout=None):
+            return 0
+
+    def __init__(self, rank: int, code: int) -> None:
+        self.rank, self._code, self.proc = rank, code, self._Proc()
+        self.slot = types.SimpleNamespace(hostname="h")
+
+    def poll(self):
+        return self._code
+
+    def signal(self, sig) -> None:
+        pass
+
+
+def test_gloo_job_blames_the_rank_killed_by_a_signal_not_its_peer():
+    """Rank 3 segfaults and rank 0 fails on the lost connection in the same
+    sweep: the job's exit code is the segfault's (139), the launcher names rank 3,
+    and every failed exit reaches the summary's tracker."""
+    import io
+
+    from tfhvd.runner.gloo.job import GlooJob
+    from tfhvd.runner.output import FailureTracker, LineSink
+
+    err = io.StringIO()
+    tracker = FailureTracker()
+    job = GlooJob(LineSink(io.StringIO(), err, tracker), tracker, err)
+    job.workers = [_FakeWorker(0, 1), _FakeWorker(1, 0), _FakeWorker(3, -11)]
+    assert job.wait(timeout=5) == 139
+    assert "tfhvdrun: rank 3 (h) was killed by signal 11 (SIGSEGV)" in err.getvalue()
+    assert tracker._signaled and tracker._signaled[0][0] == 3
+    assert tracker._first_exit == 0  # rank 0's own failure is recorded too

@@ -127,22 +127,30 @@ class GlooJob:
             if deadline is not None and time.monotonic() > deadline:
                 self.stop_all()
                 return None
+            exited = []
             for w in list(pending):
                 code = w.poll()
                 if code is None:
                     continue
                 pending.remove(w)
+                exited.append((w, code))
                 if on_exit is not None:
                     on_exit(w, code)
-                if code != 0 and self.first_failure is None:
-                    self.first_failure = w
-                    self._tracker.record_exit(w.rank, code, w.slot.hostname)
-                    self._err.write("tfhvdrun: rank %d (%s) %s%s\n" % (
-                        w.rank, w.slot.hostname, _describe(code),
-                        "; stopping the other ranks" if stop_on_failure else ""))
-                    self._err.flush()
-                    if stop_on_failure:
-                        self.stop_all()
+            failed = [(w, code) for w, code in exited if code != 0]
+            if failed and self.first_failure is None:
+                # Exits seen in one sweep happened within 0.2 s of each other:
+                # a rank killed by a signal is the likelier cause (its peers
+                # then fail on the lost connection), else the lowest rank.
+                w, code = min(failed, key=lambda wc: (wc[1] >= 0, wc[0].rank))
+                self.first_failure = w
+                for other, other_code in [(w, code)] + [f for f in failed if f[0] is not w]:
+                    self._tracker.record_exit(other.rank, other_code, other.slot.hostname)
+                self._err.write("tfhvdrun: rank %d (%s) %s%s\n" % (
+                    w.rank, w.slot.hostname, _describe(code),
+                    "; stopping the other ranks" if stop_on_failure else ""))
+                self._err.flush()
+                if stop_on_failure:
+                    self.stop_all()
             # Sleeps between looks: exits are rare events, a few per job.
             self._stop.wait(0.2)
         return self.exit_code()
@@ -172,8 +180,10 @@ class GlooJob:
                 pass
 
     def join_output(self) -> None:
+        """Waits (10 s at most in all) for the ranks' last output lines."""
+        end = time.monotonic() + 10
         for p in self._pumps:
-            p.join(timeout=10)
+            p.join(timeout=max(0.0, end - time.monotonic()))
         self._sink.close()
 
 
