@@ -1,8 +1,9 @@
 """Test shim for the copies of Horovod's MNIST examples (imported by them).
 
-There is no network here, so ``tf.keras.datasets.mnist.load_data`` returns
-scikit-learn's bundled digits, scaled to MNIST's shape and dtype (28x28 uint8
-images, uint8 labels).  Horovod's scripts train for thousands of steps; with
+There is no network here, so ``mnist.load_data`` (tf.keras's, tf.compat.v1.keras's
+and Keras 3's) returns scikit-learn's bundled digits, scaled to MNIST's shape and
+dtype (28x28 uint8 images, uint8 labels), and word2vec's download of text8.zip
+writes a local synthetic corpus instead (``write_text8_like``).  Horovod's scripts train for thousands of steps; with
 ``TFHVD_EXAMPLE_MAX_STEPS`` set, ``Dataset.take`` and ``fit(steps_per_epoch=)``
 are capped to it, and with ``TFHVD_EXAMPLE_MAX_EPOCHS``, ``fit(epochs=)``.
 Nothing else about the scripts changes.
