@@ -286,12 +286,14 @@ def test_schedule_callback_staircase():
     model = kc.build_model(keras, seed=100 + r)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss=kc.LOSS)
     history = model.fit(
-        x[r], y[r], batch_size=kc.BATCH, epochs=3, shuffle=False, verbose=0,
-        callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.01, 0.5, start_epoch=1),
+        x[r], y[r], batch_size=kc.BATCH, epochs=4, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.LearningRateScheduleCallback(0.02, 0.5, start_epoch=1),
                    Probe()])
-    expected = [0.01] * kc.STEPS + [0.005] * kc.STEPS + [0.0025] * kc.STEPS
+    # A constant multiplier decays from start_epoch, as in Horovod (#3142):
+    # epoch 0 keeps the optimizer's 0.01; epoch e >= 1 has 0.02 * 0.5 ** (e - 1).
+    expected = [0.01] * kc.STEPS + [0.02] * kc.STEPS + [0.01] * kc.STEPS + [0.005] * kc.STEPS
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
-    np.testing.assert_allclose(history.history["lr"], [0.01, 0.005, 0.0025], rtol=1e-6)
+    np.testing.assert_allclose(history.history["lr"], [0.01, 0.02, 0.01, 0.005], rtol=1e-6)
 
 
 def _schedule_run(callback_kwargs, epochs=4, momentum=0.0):

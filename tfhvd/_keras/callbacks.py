@@ -186,7 +186,9 @@ class LearningRateScheduleCallbackImpl:
         learning rate is a ``LearningRateSchedule``, the schedule's value is
         multiplied instead and ``initial_lr`` is not used.
       multiplier: a function of the (fractional) epoch, or a constant ``c``
-        meaning ``c ** epoch``.
+        meaning exponential decay from ``start_epoch``: ``c ** (epoch - start_epoch)``
+        (Horovod's rule since 0.23, horovod/horovod#3142), so the rate is
+        ``initial_lr`` in ``start_epoch`` itself.
       start_epoch, end_epoch: the epochs (0-based, end excluded) to act in.
       staircase: True changes the rate at the start of each epoch; False at every
         batch, with ``epoch + batch / steps_per_epoch``.
@@ -212,7 +214,7 @@ class LearningRateScheduleCallbackImpl:
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.multiplier = lambda epoch: multiplier ** epoch
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
         self._schedule_factor: Optional[tf.Variable] = None
         self._original_schedule = None
         self._momentum_fn = None

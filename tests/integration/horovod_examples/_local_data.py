@@ -1,8 +1,9 @@
 """Test shim for the copies of Horovod's MNIST examples (imported by them).
 
-There is no network here, so ``tf.keras.datasets.mnist.load_data`` returns
-scikit-learn's bundled digits, scaled to MNIST's shape and dtype (28x28 uint8
-images, uint8 labels).  Horovod's scripts train for thousands of steps; with
+There is no network here, so ``mnist.load_data`` (tf.keras's, tf.compat.v1.keras's
+and Keras 3's) returns scikit-learn's bundled digits, scaled to MNIST's shape and
+dtype (28x28 uint8 images, uint8 labels), and word2vec's download of text8.zip
+writes a local synthetic corpus instead (``write_text8_like``).  Horovod's scripts train for thousands of steps; with
 ``TFHVD_EXAMPLE_MAX_STEPS`` set, ``Dataset.take`` and ``fit(steps_per_epoch=)``
 are capped to it, and with ``TFHVD_EXAMPLE_MAX_EPOCHS``, ``fit(epochs=)``.
 Nothing else about the scripts changes.
@@ -36,7 +37,22 @@ def _digits_as_mnist(path: str = "mnist.npz") -> Tuple[Tuple[np.ndarray, np.ndar
     return (images[:split], labels[:split]), (images[split:], labels[split:])
 
 
-tf.keras.datasets.mnist.load_data = _digits_as_mnist
+def _patch_mnist() -> None:
+    """Every public ``mnist`` module a script may reach: ``tf.keras`` and
+    ``tf.compat.v1.keras`` (tf-keras or Keras 3, as TF_USE_LEGACY_KERAS says)
+    and Keras 3's own ``keras.datasets``."""
+    import keras
+
+    modules = [tf.keras.datasets.mnist, keras.datasets.mnist]
+    try:
+        modules.append(tf.compat.v1.keras.datasets.mnist)
+    except AttributeError:
+        pass
+    for module in modules:
+        module.load_data = _digits_as_mnist
+
+
+_patch_mnist()
 
 _MAX_STEPS = int(os.environ.get("TFHVD_EXAMPLE_MAX_STEPS", "0") or 0)
 _MAX_EPOCHS = int(os.environ.get("TFHVD_EXAMPLE_MAX_EPOCHS", "0") or 0)
@@ -100,3 +116,52 @@ def _probe_elastic_commits(log_dir: str, holds_spec: str) -> None:
 
 if _ELASTIC_LOG:
     _probe_elastic_commits(_ELASTIC_LOG, os.environ.get("TFHVD_EXAMPLE_ELASTIC_HOLD", ""))
+
+
+# --- text8 for tensorflow_word2vec.py -----------------------------------------
+TEXT8_URL = "http://mattmahoney.net/dc/text8.zip"
+TEXT8_BYTES = 31344016  # the size the script checks its download against
+
+
+def write_text8_like(filename: str, seed: int = 8) -> None:
+    """Writes a zip the word2vec script accepts as text8.zip: its first member a
+    synthetic corpus (60,000 distinct words, Zipf-distributed, 600,000 tokens,
+    the same on every rank), then a padding member so that the file has
+    text8.zip's exact size, which the script verifies."""
+    import zipfile
+
+    rng = np.random.default_rng(seed)
+    words = np.array(["w%d" % i for i in range(60000)])
+    ranks = np.minimum(rng.zipf(1.3, size=540000) - 1, len(words) - 1)
+    tokens = np.concatenate([words, words[ranks]])
+    rng.shuffle(tokens)
+    corpus = " ".join(tokens.tolist()).encode()
+    with zipfile.ZipFile(filename, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("text8", corpus)
+    padding = TEXT8_BYTES - os.path.getsize(filename) - 100  # a member's overhead
+    with zipfile.ZipFile(filename, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("text8", corpus)
+        z.writestr("padding", b"\0" * padding)
+    off = TEXT8_BYTES - os.path.getsize(filename)
+    with zipfile.ZipFile(filename, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("text8", corpus)
+        z.writestr("padding", b"\0" * (padding + off))
+    if os.path.getsize(filename) != TEXT8_BYTES:
+        raise RuntimeError("could not size %s to %d bytes" % (filename, TEXT8_BYTES))
+
+
+def _patch_text8_download() -> None:
+    import urllib.request
+
+    fetch = urllib.request.urlretrieve
+
+    def _local_urlretrieve(url: str, filename: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if url == TEXT8_URL and filename:
+            write_text8_like(filename)
+            return filename, None
+        return fetch(url, filename, *args, **kwargs)
+
+    urllib.request.urlretrieve = _local_urlretrieve
+
+
+_patch_text8_download()
