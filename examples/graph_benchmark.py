@@ -97,7 +97,7 @@ def collective_rows(reps: int, rounds: int = 1) -> None:
         return hvd.allreduce(t, op=hvd.Sum, name="probe_1k") + 1.0
 
     @tf.function
-    def one_small_twin(t):
+    def plus_one_twin(t):
         return t * 1.0 + 1.0
 
     @tf.function
@@ -114,15 +114,11 @@ def collective_rows(reps: int, rounds: int = 1) -> None:
     def one_big(t):
         return hvd.allreduce(t, op=hvd.Sum, name="probe_256k") + 1.0
 
-    @tf.function
-    def one_big_twin(t):
-        return t * 1.0 + 1.0
-
-    cases = [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: one_small_twin(small),
+    cases = [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: plus_one_twin(small),
               reps),
              ("64 x 4 KiB allreduces", lambda: many(big), lambda: many_twin(big),
               max(20, reps // 2)),
-             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: one_big_twin(big), reps)]
+             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
     us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
     results: Dict[str, List[Tuple[float, float, float, float]]] = {t: [] for t, *_ in cases}
     for _ in range(rounds):

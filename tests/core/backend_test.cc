@@ -18,23 +18,12 @@
 #include "../../tfhvd_ops/core/cpu_math.h"
 #include "../../tfhvd_ops/core/settings.h"
 
+#include "check.h"
+
 using namespace tfhvd;
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-int g_rank = 0;
-
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (cond) {                                                                       \
-      ++g_passed;                                                                     \
-    } else {                                                                          \
-      ++g_failed;                                                                     \
-      std::fprintf(stderr, "rank %d: FAILED %s:%d: %s\n", g_rank, __FILE__, __LINE__, \
-                   #cond);                                                            \
-    }                                                                                 \
-  } while (0)
 
 // Value of element i on `rank`, for a reduction test.
 double Val(int rank, int i) { return (rank + 1) * 0.5 + (i % 3); }

@@ -26,21 +26,12 @@
 #include "../../tfhvd_ops/core/settings.h"
 #include "../../tfhvd_ops/backends/tcp/shm_ring.h"
 
+#include "check.h"
+
 using namespace tfhvd;
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (cond) {                                                              \
-      ++g_passed;                                                            \
-    } else {                                                                 \
-      ++g_failed;                                                            \
-      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                        \
-  } while (0)
 
 class HostTensor : public Tensor {
  public:
@@ -436,6 +427,7 @@ void TestRuntime() {
     return;
   }
   const int rank = tfhvd_rank(), size = tfhvd_size();
+  g_rank = rank;
   // Plain allreduce (Average).
   auto in = std::make_shared<HostTensor>(DataType::kFloat32, Shape{5});
   auto out = std::make_shared<HostTensor>(DataType::kFloat32, Shape{5});

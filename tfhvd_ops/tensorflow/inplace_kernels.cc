@@ -76,11 +76,7 @@ class BroadcastInplaceBase : public HorovodOp {
       };
       entries.push_back(std::move(e));
     }
-    core::Status st = core::EnqueueEntries(std::move(entries));
-    if (!st.ok()) {
-      ctx->SetStatus(ToTF(st));
-      completion->done();
-    }
+    Enqueue(ctx, *completion, std::move(entries));
   }
 
  protected:

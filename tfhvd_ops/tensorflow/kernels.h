@@ -201,14 +201,21 @@ class HorovodOp : public AsyncOpKernel {
       e.callback = [completion](const core::Status& st) { completion->Finish(st); };
       entries.push_back(std::move(e));
     }
-    core::Status st = core::EnqueueEntries(std::move(entries));
-    if (!st.ok()) {
-      ctx->SetStatus(ToTF(st));
-      completion->done();
-    }
+    Enqueue(ctx, *completion, std::move(entries));
   }
 
  protected:
+  // Hands the kernel's entries to the runtime; when it refuses them (not
+  // initialised, a bad process set) the kernel completes with that error.
+  static void Enqueue(OpKernelContext* ctx, Completion& completion,
+                      std::vector<core::TensorTableEntry> entries) {
+    core::Status st = core::EnqueueEntries(std::move(entries));
+    if (!st.ok()) {
+      ctx->SetStatus(ToTF(st));
+      completion.done();
+    }
+  }
+
   // Whether Compute may run the runtime on the caller's thread.  GPU kernels
   // keep the background thread, which owns the NCCL communicators' streams.
   virtual bool DriveOnCaller() const { return true; }
