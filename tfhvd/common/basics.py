@@ -175,6 +175,12 @@ def is_homogeneous() -> bool:
     return bool(_topology("tfhvd_is_homogeneous"))
 
 
+def graph_inline_runs() -> int:
+    """How many times a graph op ran tfhvd's loop on its own executor thread since
+    ``init()`` (``TFHVD_GRAPH_INLINE``): a diagnostic for the graph-mode fast path."""
+    return _topology("tfhvd_graph_inline_runs")
+
+
 def mpi_threads_supported() -> bool:
     """Whether MPI runs with MPI_THREAD_MULTIPLE (other threads may use mpi4py)."""
     return bool(_topology("tfhvd_mpi_threads_supported"))

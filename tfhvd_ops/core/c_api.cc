@@ -112,6 +112,12 @@ Status EnqueueEntries(std::vector<TensorTableEntry> entries) {
   return rt->Enqueue(std::move(entries));
 }
 
+Status EnqueueInlineEntries(std::vector<TensorTableEntry> entries, const std::atomic<bool>& done) {
+  auto rt = CurrentRuntime();
+  if (!rt) return Status::FailedPrecondition(kNotInitialized);
+  return rt->EnqueueInline(std::move(entries), done);
+}
+
 bool DriveUntil(const std::function<void()>& submit, const std::atomic<bool>& done) {
   auto rt = CurrentRuntime();
   if (!rt) {
@@ -213,6 +219,10 @@ int tfhvd_gloo_enabled(void) {
   if (!rt) return -1;
   auto* c = rt->backend()->collectives(-1);
   return c != nullptr && std::strcmp(c->name(), "Gloo") == 0 ? 1 : 0;
+}
+long long tfhvd_graph_inline_runs(void) {
+  auto rt = tfhvd::CurrentRuntime();
+  return rt ? rt->inline_runs() : -1;
 }
 int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
 int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }

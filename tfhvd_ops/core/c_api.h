@@ -21,6 +21,9 @@ std::shared_ptr<Runtime> CurrentRuntime();
 // Enqueues entries on the current runtime, or fails with "call hvd.init()
 // first".
 Status EnqueueEntries(std::vector<TensorTableEntry> entries);
+// The same for a graph kernel, whose entries the runtime may run on the
+// calling thread at once, until `done` is set (Runtime::EnqueueInline).
+Status EnqueueInlineEntries(std::vector<TensorTableEntry> entries, const std::atomic<bool>& done);
 // Calls submit(), then runs the runtime on the calling thread until `done` is
 // set (Runtime::Drive); false when it could not (not initialised, shutting
 // down), submit() having been called all the same.
@@ -51,6 +54,9 @@ int tfhvd_gloo_built(void);
 // 1 when the running job's host backend is Gloo, 0 when MPI, -1 when not
 // initialised.
 int tfhvd_gloo_enabled(void);
+// How many times a graph op ran the runtime's loop on its own thread
+// (Runtime::EnqueueInline) since init; -1 when not initialised.
+long long tfhvd_graph_inline_runs(void);
 int tfhvd_nccl_built(void);
 int tfhvd_cuda_built(void);
 // Which tool built the GPU device code, for which architectures ("" in a CPU

@@ -173,6 +173,8 @@ struct TensorTableEntry {
   StatusCallback callback;
   // When the framework handed the entry over (for the timeline's QUEUE span).
   std::chrono::steady_clock::time_point enqueued;
+  // How many entries were handed over with this one (one grouped op's).
+  int32_t group_size = 1;
 };
 
 }  // namespace tfhvd

@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <sstream>
 
@@ -26,6 +28,13 @@ constexpr Micros kSpinFor{100};
 // and waking a sleeping thread costs more than that.
 constexpr Micros kLinger{50};
 constexpr Micros kFirstWait{20};
+// The longest a graph op's executor thread runs the loop without progress
+// (Runtime::EnqueueInline).
+constexpr Micros kInlineFor{2000};
+// A graph op that its thread enqueues this soon after running the loop for
+// the last one is part of a burst (a step's ungrouped ops, one after the
+// other; a step's next call comes tens of microseconds later at the least).
+constexpr Micros kBurstGap{20};
 constexpr Micros kMaxWait{1000};
 // How long sends may take to leave: at shutdown, and otherwise (a peer that
 // dies is noticed at once, through its socket).
@@ -103,7 +112,10 @@ Status Runtime::Start() {
   // orders; cudaFree and communicator creation synchronise the device).
   set_workers_ = backend_->threads_supported() && !backend_->has_device_collectives();
   TFHVD_LOG(log_, kInfo, "control channel: " << backend_->control()->Describe());
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "tfhvd_loop");  // for top -H, perf, gdb
+    Loop();
+  });
   return Status::OK();
 }
 
@@ -112,13 +124,90 @@ Status Runtime::Start() {
 thread_local const Runtime* t_submitting = nullptr;
 // Set while this thread runs the loop in Drive().
 thread_local bool t_in_loop = false;
+// When this thread last ran the loop for a graph op (EnqueueInline).
+thread_local std::chrono::steady_clock::time_point t_inline_end;
 
 Status Runtime::Enqueue(std::vector<TensorTableEntry> entries) {
   for (const TensorTableEntry& e : entries) TFHVD_RETURN_IF_ERROR(CheckEntry(e));
+  // The signal also wakes a background thread in its idle park.
   TFHVD_RETURN_IF_ERROR(queue_.Add(std::move(entries), /*signal=*/t_submitting != this));
-  // The background thread may still be parked after a Drive() that ended.
+  // It may still be parked after a Drive() that ended.
   if (drivers_.load() == 0 && parked_.load()) WakeBackground();
   return Status::OK();
+}
+
+Status Runtime::EnqueueInline(std::vector<TensorTableEntry> entries,
+                              const std::atomic<bool>& done) {
+  if (!settings_.graph_inline || !drive_on_callers_ || t_in_loop || t_submitting == this) {
+    return Enqueue(std::move(entries));
+  }
+  for (const TensorTableEntry& e : entries) TFHVD_RETURN_IF_ERROR(CheckEntry(e));
+  bool solo = false;
+  const bool burst = Clock::now() - t_inline_end < kBurstGap;
+  TFHVD_RETURN_IF_ERROR(queue_.AddFromGraph(std::move(entries), burst, &solo));
+  if (!solo) {  // signalled, and woken, as Enqueue does
+    if (drivers_.load() == 0 && parked_.load()) WakeBackground();
+    return Status::OK();
+  }
+  inline_wanted_.store(true);
+  // Not signalled: this thread runs the loop, or wakes whoever holds it (a
+  // background thread that took the entries meanwhile is woken for nothing).
+  drivers_.fetch_add(1);
+  if (TryTakeRole()) {
+    inline_runs_.fetch_add(1, std::memory_order_relaxed);
+    RunInline(done);
+    t_inline_end = Clock::now();
+    return Status::OK();
+  }
+  drivers_.fetch_sub(1);
+  queue_.Notify();
+  return Status::OK();
+}
+
+bool Runtime::MayParkIdle() const { return !coordinator_ || sets_.Ids().size() == 1; }
+
+bool Runtime::TryTakeRole() {
+  std::lock_guard<std::mutex> l(role_mu_);
+  if (role_held_) return false;
+  role_held_ = true;
+  return true;
+}
+
+// The executor thread waits as the background thread would (it spins for
+// kSpinFor, then sleeps on the channel), so the op's completion runs here,
+// but never longer than kInlineFor without progress: then the loop goes
+// back to the background thread, and TensorFlow gets its thread back for
+// other work (which a peer may be waiting for).
+void Runtime::RunInline(const std::atomic<bool>& done) {
+  t_in_loop = true;
+  IdleState st;
+  while (!done.load() && !shutdown_requested_.load()) {
+    timeline_.MarkCycle();
+    if (Step(false, &st) || done.load()) continue;
+    const Micros idle = std::chrono::duration_cast<Micros>(Clock::now() - st.idle_since);
+    if (idle >= kInlineFor) break;
+    if (idle < kSpinFor) {
+      std::this_thread::yield();
+    } else if (blocking_channel_) {
+      backend_->control()->Wait(queue_.wake_fd(), kInlineFor - idle);
+    } else {
+      queue_.Wait(std::min(st.backoff, kInlineFor - idle));
+      st.backoff = std::min(st.backoff * 2, kMaxWait);
+    }
+  }
+  t_in_loop = false;
+  LeaveLoop();
+}
+
+void Runtime::LeaveLoop() {
+  // Whatever is left (another thread's collectives) goes back to the
+  // background thread; Dekker-style with Park's check of drivers_.
+  // A coordinator of other process sets must go on answering their members.
+  drivers_.fetch_sub(1);
+  const bool left = Active(false) || queue_.HasIncoming() || shutdown_requested_.load() ||
+                    !MayParkIdle();
+  ReleaseRole();
+  if (left) WakeBackground();
 }
 
 bool Runtime::Shutdown() {
@@ -215,8 +304,22 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
   return list;
 }
 
+void Runtime::NoteSolo(const ResponseList& list) {
+  std::vector<std::pair<std::string, int32_t>> local;
+  for (const Response& r : list.responses) {
+    const int32_t sid = r.params.process_set_id;
+    for (const std::string& name : r.names) {
+      std::string key = TensorKey(sid, name);
+      const TensorTableEntry* e = queue_.Peek(key);
+      if (e != nullptr) local.emplace_back(std::move(key), e->group_size);
+    }
+  }
+  if (!local.empty()) queue_.NoteRound(local);
+}
+
 void Runtime::ExecuteList(const ResponseList& list) {
   const int rank = topology().rank;
+  if (settings_.graph_inline && drive_on_callers_) NoteSolo(list);
   for (const Response& r : list.responses) {
     const int32_t sid = r.params.process_set_id;
     std::shared_ptr<ProcessSet> set = sid == 0 ? global_set_ : sets_.Find(sid);
@@ -564,12 +667,7 @@ bool Runtime::Drive(const std::function<void()>& submit, const std::atomic<bool>
     if (!Step(false, &st) && !done.load()) IdleWait(&st, true);
   }
   t_in_loop = false;
-  // Whatever is left (another thread's collectives) goes back to the
-  // background thread; Dekker-style with Enqueue's check of drivers_.
-  drivers_.fetch_sub(1);
-  const bool left = Active(false) || queue_.HasIncoming() || shutdown_requested_.load();
-  ReleaseRole();
-  if (left) WakeBackground();
+  LeaveLoop();
   return done.load();
 }
 
@@ -615,8 +713,34 @@ void Runtime::NotifyRoleWaiters() {
 }
 
 void Runtime::WakeBackground() {
-  std::lock_guard<std::mutex> l(park_mu_);
-  park_cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> l(park_mu_);
+    park_cv_.notify_one();
+  }
+  queue_.WakeParked();
+}
+
+// The background thread's two parks, both without the loop's role, and both
+// ending after kIdleWait at the latest, to read the control channel.
+// While a caller runs the loop (Drive, EnqueueInline) it waits on park_cv_
+// until no caller is left: not on the queue's eventfd, whose signals are the
+// caller's.  Once idle after graph ops ran, or wanted to run, the loop
+// themselves (EnqueueInline), it leaves the loop free for the next one and
+// sleeps on the eventfd (TensorQueue::Park): new work, a caller leaving work
+// behind or shutdown wake it.
+void Runtime::Park(bool idle) {
+  ReleaseRole();
+  if (idle) {
+    queue_.Park(kIdleWait, [this] { return shutdown_requested_.load(); });
+  } else {
+    std::unique_lock<std::mutex> l(park_mu_);
+    parked_.store(true);
+    park_cv_.wait_for(l, kIdleWait, [this] {
+      return drivers_.load() == 0 || shutdown_requested_.load();
+    });
+    parked_.store(false);
+  }
+  TakeRole();
 }
 
 bool Runtime::Step(bool shutting_down, IdleState* st) {
@@ -640,16 +764,7 @@ void Runtime::Loop() {
   while (true) {
     // A caller is driving (Drive): stay out of its way until it is done.
     if (drivers_.load() > 0 && !shutdown_requested_.load()) {
-      ReleaseRole();
-      {
-        std::unique_lock<std::mutex> l(park_mu_);
-        parked_.store(true);
-        park_cv_.wait_for(l, kIdleWait, [this] {
-          return drivers_.load() == 0 || shutdown_requested_.load();
-        });
-        parked_.store(false);
-      }
-      TakeRole();
+      Park(/*idle=*/false);
       st.idle_since = Clock::now();
       continue;
     }
@@ -669,7 +784,20 @@ void Runtime::Loop() {
                     : (shutting_down && shutdown_sent_ && coordinator_gone_)) {
       break;
     }
-    if (!progress) IdleWait(&st, Active(shutting_down));
+    if (progress) continue;
+    const bool active = Active(shutting_down);
+    // Graph ops ran (or wanted to run) the loop themselves since the last
+    // park: once idle, leave the loop free for the next one at once (no
+    // lingering: the next one runs the loop itself).  Other ranks' requests
+    // pending at the coordinator wait for this rank's own op anyway (every
+    // rank is in the global set, the only one here).
+    const bool own_work = queue_.HasPending() || (active && settings_.cycle_time_ms > 0);
+    if (!own_work && !shutting_down && MayParkIdle() && inline_wanted_.exchange(false)) {
+      Park(/*idle=*/true);
+      st.idle_since = Clock::now();
+      continue;
+    }
+    IdleWait(&st, active);
   }
   // Sends to stuck peers may never complete: flush only after a clean exit.
   if (!abandoned_) backend_->control()->FlushSends(kShutdownFlushSeconds);

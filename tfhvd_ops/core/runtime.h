@@ -67,7 +67,19 @@ class Runtime {
   // it never waits on another caller's op.  `done` must be set with a
   // sequentially consistent store.
   bool Drive(const std::function<void()>& submit, const std::atomic<bool>& done);
+  // A graph kernel's Enqueue (it must not block).  Entries that were
+  // negotiated alone in their last round (TensorQueue::NoteRound) are run
+  // on the calling thread when no thread holds the loop: until `done` is
+  // set, or kInlineFor passes without progress, and what is left goes to the
+  // background thread.  That saves the background thread's wake-up, and the
+  // op's completion (TensorFlow's continuation) runs on the executor thread
+  // that is already awake.  It never waits for the loop, and gives the
+  // thread back within kInlineFor, so it cannot deadlock where Enqueue would
+  // not.  With TFHVD_GRAPH_INLINE=0 or GPU collectives it is Enqueue.
+  Status EnqueueInline(std::vector<TensorTableEntry> entries, const std::atomic<bool>& done);
 
+  // Graph ops that ran the loop on their own thread (EnqueueInline).
+  int64_t inline_runs() const { return inline_runs_.load(); }
   const Topology& topology() const { return backend_->topology(); }
   const Settings& settings() const { return settings_; }
   Backend* backend() { return backend_.get(); }
@@ -94,7 +106,18 @@ class Runtime {
   // The role (see role_mu_).  TakeRoleUnless gives up, returning false, once
   // `done` is set while another thread holds the role.
   void TakeRole();
+  bool TryTakeRole();
   bool TakeRoleUnless(const std::atomic<bool>& done);
+  // EnqueueInline's loop, and the end of a caller's turn in the loop.
+  void RunInline(const std::atomic<bool>& done);
+  void LeaveLoop();
+  void Park(bool idle);
+  // Whether the background thread may sleep without watching the channel:
+  // not a coordinator of other process sets, which must answer their
+  // members while it has nothing of its own.  The loop's holder only.
+  bool MayParkIdle() const;
+  // Records which pending entries a response list holds (TensorQueue::NoteRound).
+  void NoteSolo(const ResponseList& list);
   void ReleaseRole();
   // After a pass that made progress: lets waiters re-check their `done`.
   void NotifyRoleWaiters();
@@ -143,6 +166,8 @@ class Runtime {
   std::atomic<int> role_waiters_{0};
   std::atomic<int> drivers_{0};      // callers in Drive()
   std::atomic<bool> parked_{false};  // the background thread waits on park_cv_
+  std::atomic<bool> inline_wanted_{false};  // a graph op ran, or wanted to run, the loop
+  std::atomic<int64_t> inline_runs_{0};
   std::mutex park_mu_;
   std::condition_variable park_cv_;
   std::atomic<bool> shutdown_requested_{false};

@@ -61,6 +61,7 @@ struct Settings {
   std::string socket_ifname;           // SOCKET_IFNAME: interface for control sockets
   bool control_shm = true;             // CONTROL_SHM: same-host control bytes via shared memory
   bool mpi_yield_when_idle = true;     // MPI_YIELD_WHEN_IDLE: Open MPI yields while it waits
+  bool graph_inline = true;            // GRAPH_INLINE: graph ops may run the loop themselves
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce

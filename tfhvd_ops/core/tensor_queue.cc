@@ -24,18 +24,85 @@ void TensorQueue::SignalLocked() {
   (void)rc;
 }
 
+namespace {
+// Beyond this many remembered keys (a job that makes fresh names all the
+// time) the memory starts over.
+constexpr size_t kMaxSolo = 4096;
+}  // namespace
+
 Status TensorQueue::Add(std::vector<TensorTableEntry> entries, bool signal) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return close_reason_;
     const auto now = std::chrono::steady_clock::now();
+    const int32_t group = static_cast<int32_t>(entries.size());
     for (auto& e : entries) {
       e.enqueued = now;
+      e.group_size = group;
       incoming_.push_back(std::move(e));
     }
+    outstanding_ += group;
     if (signal) SignalLocked();
   }
   return Status::OK();
+}
+
+Status TensorQueue::AddFromGraph(std::vector<TensorTableEntry> entries, bool burst, bool* solo) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (closed_) return close_reason_;
+  const auto now = std::chrono::steady_clock::now();
+  const int32_t group = static_cast<int32_t>(entries.size());
+  // Only with nothing else outstanding: an op that runs the loop holds its
+  // thread, and the ops after it in the same step wait for that thread.
+  *solo = !entries.empty() && outstanding_ == 0;
+  if (burst) {
+    for (const std::string& k : last_keys_) solo_.erase(k);
+    last_keys_.clear();
+    *solo = false;
+  }
+  outstanding_ += group;
+  for (auto& e : entries) {
+    if (*solo) *solo = solo_.count(TensorKey(e.params.process_set_id, e.name)) > 0;
+    e.enqueued = now;
+    e.group_size = group;
+    incoming_.push_back(std::move(e));
+  }
+  if (!*solo) SignalLocked();
+  return Status::OK();
+}
+
+void TensorQueue::NoteRound(const std::vector<std::pair<std::string, int32_t>>& keys_and_groups) {
+  // One op's entries are negotiated together, so a list that holds as many
+  // entries as its first one's op had holds that op alone.
+  const bool alone = !keys_and_groups.empty() &&
+                     keys_and_groups[0].second == static_cast<int32_t>(keys_and_groups.size());
+  std::lock_guard<std::mutex> l(mu_);
+  if (alone && solo_.size() + keys_and_groups.size() > kMaxSolo) solo_.clear();
+  last_keys_.clear();
+  for (const auto& kg : keys_and_groups) {
+    if (alone) {
+      solo_.insert(kg.first);
+      last_keys_.push_back(kg.first);
+    } else {
+      solo_.erase(kg.first);
+    }
+  }
+}
+
+
+void TensorQueue::Park(std::chrono::microseconds timeout, const std::function<bool()>& stop) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!signalled_) parked_ = true;
+  }
+  if (parked_ && !stop()) Wait(timeout);
+  std::lock_guard<std::mutex> l(mu_);
+  parked_ = false;
+}
+
+void TensorQueue::WakeParked() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (parked_) SignalLocked();
 }
 
 bool TensorQueue::HasIncoming() {
@@ -83,6 +150,7 @@ bool TensorQueue::Pop(const std::string& name, TensorTableEntry* out) {
   if (it == pending_.end()) return false;
   *out = std::move(it->second);
   pending_.erase(it);
+  --outstanding_;
   auto h = held_.find(name);
   if (h != held_.end()) {
     // Release the next submission under this name.
@@ -110,6 +178,7 @@ std::vector<TensorTableEntry> TensorQueue::TakeSet(int32_t set_id) {
     }
     it = pending_.erase(it);
   }
+  outstanding_ -= static_cast<int64_t>(out.size());
   return out;
 }
 
@@ -124,6 +193,7 @@ std::vector<TensorTableEntry> TensorQueue::TakeAll() {
   std::lock_guard<std::mutex> l(mu_);
   for (auto& e : incoming_) out.push_back(std::move(e));
   incoming_.clear();
+  outstanding_ = 0;
   return out;
 }
 

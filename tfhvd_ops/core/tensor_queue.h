@@ -8,6 +8,15 @@
 // ControlChannel::Wait), so an idle runtime uses no CPU and new work wakes it
 // at once: latency is not bound to a polling cycle.
 //
+// The queue also remembers which entries were negotiated alone in their
+// last round (with nothing but the other entries of their own op).  Such an
+// op is probably alone again next time, so nothing else of its step is about
+// to follow it, and its own thread may run the loop for it at once
+// (Runtime::EnqueueInline) instead of waking the background thread.  Ops
+// that come in bursts (many ungrouped ops in one step) are left to the
+// background thread, which negotiates the burst while it is still being
+// enqueued: measured, that beat holding the burst for its last op.
+//
 // Two submissions under one name may be in flight at once (eager code that
 // calls the same op in a loop from two threads).  The second is held back
 // until the first completes, then negotiated on its own, so nothing a user
@@ -15,11 +24,15 @@
 #ifndef TFHVD_CORE_TENSOR_QUEUE_H_
 #define TFHVD_CORE_TENSOR_QUEUE_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -38,6 +51,25 @@ class TensorQueue {
   // the queue has been closed.  `signal` false skips the eventfd: for a
   // caller that runs the loop itself next (Runtime::Drive).
   Status Add(std::vector<TensorTableEntry> entries, bool signal = true);
+  // A graph kernel's Add: signals unless every entry was alone in its last
+  // round and nothing else is outstanding; then it sets `*solo` and the
+  // caller runs the loop (or signals).  `burst`: the caller's thread has just
+  // run the last round itself and comes straight back with another op, so
+  // that round's op was one of a burst (each waiting for its predecessor):
+  // it is solo no more, and neither is this one.
+  Status AddFromGraph(std::vector<TensorTableEntry> entries, bool burst, bool* solo);
+  // Records, before a response list runs, which pending entries it holds
+  // (their keys, and how many entries each one's op had): they were alone
+  // when they are all of one op.
+  void NoteRound(const std::vector<std::pair<std::string, int32_t>>& keys_and_groups);
+  // The background thread's idle park (it waits without the loop's role):
+  // until an Add that signals, WakeParked(), or `timeout`; not at all when
+  // `stop()` holds once it counts as parked.  The signal is left for
+  // whoever takes the entries (TakeNew), which may be a caller in the loop.
+  void Park(std::chrono::microseconds timeout, const std::function<bool()>& stop);
+  // Signals the eventfd if the background thread is in its idle park
+  // (Dekker-style with the `stop` condition Park checks once parked).
+  void WakeParked();
   // Closes the queue: later Add() calls fail with `reason`.
   void Close(const Status& reason);
 
@@ -75,6 +107,11 @@ class TensorQueue {
   bool closed_ = false;
   Status close_reason_;
   std::deque<TensorTableEntry> incoming_;
+  std::unordered_set<std::string> solo_;  // keys negotiated alone last time
+  // Entries added and not yet popped (incoming, pending and held).
+  std::atomic<int64_t> outstanding_{0};
+  std::vector<std::string> last_keys_;  // the last round's, when it was alone
+  bool parked_ = false;
   // Background thread only.
   std::unordered_map<std::string, TensorTableEntry> pending_;
   std::unordered_map<std::string, std::deque<TensorTableEntry>> held_;

@@ -2,11 +2,14 @@
 // in a GPU build, the GPU registrations (gpu_kernels.cc).
 //
 // Every collective kernel is an AsyncOpKernel: ComputeAsync wraps its tensors
-// in the core's Tensor/OpContext interfaces, enqueues them and returns at
-// once; the runtime's background thread later fills the outputs and the
-// callback sets the status and calls done().  No kernel ever blocks an
-// executor thread.  Eager execution, where TensorFlow calls the blocking
-// Compute, runs the runtime on the caller's thread instead (see Compute).
+// in the core's Tensor/OpContext interfaces, enqueues them and returns; the
+// runtime's loop later fills the outputs and the callback sets the status and
+// calls done().  No kernel ever waits for a peer without bound: an op that was
+// negotiated alone last time may run the loop on its executor thread for up
+// to 100 us without progress before the background thread takes over
+// (Runtime::EnqueueInline).  Eager execution, where TensorFlow calls the
+// blocking Compute, runs the runtime on the caller's thread until the op is
+// done (see Compute).
 #ifndef TFHVD_TENSORFLOW_KERNELS_H_
 #define TFHVD_TENSORFLOW_KERNELS_H_
 
@@ -114,7 +117,8 @@ class TFOpContext : public core::OpContext {
 };
 
 // Completes a kernel once all `n` of its entries have finished.  Callbacks
-// run one at a time on the runtime's background thread.
+// run one at a time on whichever thread runs the runtime's loop (the
+// background thread, or the kernel's own, see Runtime::EnqueueInline).
 struct Completion {
   Completion(OpKernelContext* c, AsyncOpKernel::DoneCallback d, int n)
       : ctx(c), done(std::move(d)), remaining(n) {}
@@ -122,12 +126,14 @@ struct Completion {
     if (!st.ok() && status.ok()) status = ToTF(st);
     if (--remaining == 0) {
       ctx->SetStatus(status);
+      finished.store(true);  // sequentially consistent: Runtime::EnqueueInline
       done();
     }
   }
   OpKernelContext* ctx;
   AsyncOpKernel::DoneCallback done;
   std::atomic<int> remaining;
+  std::atomic<bool> finished{false};
   absl::Status status;
 };
 
@@ -207,9 +213,11 @@ class HorovodOp : public AsyncOpKernel {
  protected:
   // Hands the kernel's entries to the runtime; when it refuses them (not
   // initialised, a bad process set) the kernel completes with that error.
+  // The runtime may run them on this thread at once (Runtime::EnqueueInline):
+  // `ctx` is not touched after a successful enqueue, since done() may have run.
   static void Enqueue(OpKernelContext* ctx, Completion& completion,
                       std::vector<core::TensorTableEntry> entries) {
-    core::Status st = core::EnqueueEntries(std::move(entries));
+    core::Status st = core::EnqueueInlineEntries(std::move(entries), completion.finished);
     if (!st.ok()) {
       ctx->SetStatus(ToTF(st));
       completion.done();
