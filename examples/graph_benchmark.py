@@ -20,6 +20,10 @@ Rows (issue 13's table):
     a reference that averages the gradients with mpi4py's ``Allreduce`` inside a
     ``tf.py_function`` (TensorFlow's own cost plus the raw transport: the bar).
 
+``--compare-inline`` runs the collective rows with ``TFHVD_GRAPH_INLINE`` on and off,
+alternating in the same processes: a graph op that was alone in its last round runs
+tfhvd's loop on its own executor thread instead of waking tfhvd's background thread.
+
 tfhvd asks Open MPI to yield while it waits (``TFHVD_MPI_YIELD_WHEN_IDLE``, on by
 default, when tfhvd initialises MPI); run with ``-x TFHVD_MPI_YIELD_WHEN_IDLE=0`` to
 see the cost of MPI's spinning waits.
@@ -88,7 +92,8 @@ def print_table(title: str, header: Sequence[str], rows: List[Sequence[str]]) ->
     sys.stdout.flush()
 
 
-def collective_rows(reps: int, rounds: int = 1) -> None:
+def collective_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[], object], int]]:
+    """The collective rows: (title, function, twin, repeats)."""
     small = tf.ones([256], tf.float32)        # 1 KiB
     big = tf.ones([64 * 1024], tf.float32)    # 256 KiB
 
@@ -114,28 +119,61 @@ def collective_rows(reps: int, rounds: int = 1) -> None:
     def one_big(t):
         return hvd.allreduce(t, op=hvd.Sum, name="probe_256k") + 1.0
 
-    cases = [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: plus_one_twin(small),
-              reps),
-             ("64 x 4 KiB allreduces", lambda: many(big), lambda: many_twin(big),
-              max(20, reps // 2)),
-             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
+    return [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: plus_one_twin(small), reps),
+            ("64 x 4 KiB allreduces", lambda: many(big), lambda: many_twin(big),
+             max(20, reps // 2)),
+            ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
+
+
+def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]], reps: int,
+                      rounds: int, label: str = "") -> None:
+    """One table of the collective rows (each the median of its rounds), and the ratio."""
     us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
+    rows = []
+    for title, per_round in results.items():
+        r = [statistics.median(x) for x in zip(*per_round)]
+        rounds_col = " ".join("%.0f" % (x[2] * 1e6) for x in per_round)
+        rows.append((title, us(r[0]), us(r[1]), us(r[2]), us(r[3]), rounds_col))
+    print_table("Collectives in a tf.function over the same function without them%s "
+                "(median of %d, slowest rank; median of %d rounds)" % (label, reps, rounds),
+                ("function", "with (us)", "twin (us)", "over twin, paired (us)",
+                 "spread of paired (IQR, us)", "over twin, each round (us)"), rows)
+    if hvd.rank() == 0:
+        over = {t: statistics.median(r[2] for r in results[t]) for t in results}
+        ratio = over["64 x 4 KiB allreduces"] / over["1 x 256 KiB allreduce"]
+        print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
+
+
+def collective_rows(reps: int, rounds: int = 1) -> None:
+    cases = collective_cases(reps)
     results: Dict[str, List[Tuple[float, float, float, float]]] = {t: [] for t, *_ in cases}
     for _ in range(rounds):
         for title, fn, twin, n in cases:
             results[title].append(paired(fn, twin, n))
-    rows = []
-    for title, *_ in cases:
-        r = [statistics.median(x) for x in zip(*results[title])]
-        rows.append((title, us(r[0]), us(r[1]), us(r[2]), us(r[3])))
-    print_table("Collectives in a tf.function over the same function without them "
-                "(median of %d, slowest rank; median of %d rounds)" % (reps, rounds),
-                ("function", "with (us)", "twin (us)", "over twin, paired (us)",
-                 "spread of paired (IQR, us)"), rows)
-    if hvd.rank() == 0:
-        over = {t: statistics.median(r[2] for r in results[t]) for t, *_ in cases}
-        ratio = over["64 x 4 KiB allreduces"] / over["1 x 256 KiB allreduce"]
-        print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
+    print_collectives(results, reps, rounds)
+
+
+def reinit(graph_inline: str) -> None:
+    """Shuts tfhvd down and initialises it again with TFHVD_GRAPH_INLINE set."""
+    hvd.shutdown()
+    os.environ["TFHVD_GRAPH_INLINE"] = graph_inline
+    hvd.init()
+
+
+def compare_inline(reps: int, rounds: int) -> None:
+    """The collective rows with TFHVD_GRAPH_INLINE on and off, in the same
+    processes: each round runs both settings (re-initialising tfhvd between
+    them, in alternating order), so both see the same machine."""
+    cases = collective_cases(reps)
+    results = {v: {t: [] for t, *_ in cases} for v in ("1", "0")}
+    for r in range(rounds):
+        for v in (("1", "0") if r % 2 == 0 else ("0", "1")):
+            reinit(v)
+            for title, fn, twin, n in cases:
+                results[v][title].append(paired(fn, twin, n))
+    for v, label in (("1", ", TFHVD_GRAPH_INLINE=1"), ("0", ", TFHVD_GRAPH_INLINE=0")):
+        print_collectives(results[v], reps, rounds, label)
+    reinit("1")
 
 
 def _mpi4py_reference(keras: Any) -> Any:
@@ -229,15 +267,26 @@ def main() -> None:
     p.add_argument("--skip-mlp", action="store_true", help="skip the Keras fit rows")
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds of the collective rows (each row: the median of the rounds)")
+    p.add_argument("--compare-inline", action="store_true",
+                   help="the collective rows with TFHVD_GRAPH_INLINE=1 and =0, alternating "
+                        "in the same processes (re-initialising tfhvd between them)")
     args = p.parse_args()
     hvd.init()
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, OMP_NUM_THREADS=%s"
               % (hvd.__version__, hvd.size(), tf.__version__,
                  os.environ.get("OMP_NUM_THREADS", "unset")), flush=True)
-    collective_rows(args.reps, args.rounds)
+    if args.compare_inline:
+        compare_inline(args.reps, max(2, args.rounds))
+    else:
+        collective_rows(args.reps, args.rounds)
     if not args.skip_mlp:
-        mlp_rows(args.mlp_pairs, args.mlp_steps)
+        for v in (("1", "0") if args.compare_inline else (None,)):
+            if v is not None:
+                reinit(v)
+                if hvd.rank() == 0:
+                    print("\nTFHVD_GRAPH_INLINE=%s:" % v, flush=True)
+            mlp_rows(args.mlp_pairs, args.mlp_steps)
 
 
 if __name__ == "__main__":
