@@ -240,10 +240,22 @@ def test_settings_tfhvd_name_wins():
     assert out.stdout.strip() == "9", out.stderr
 
 
+@pytest.mark.parametrize("env,want", [({}, "1"), ({"TFHVD_GRAPH_INLINE": "0"}, "0"),
+                                      ({"HOROVOD_GRAPH_INLINE": "0"}, "0"),
+                                      ({"HOROVOD_GRAPH_INLINE": "0", "TFHVD_GRAPH_INLINE": "1"},
+                                       "1")])
+def test_graph_inline_setting(env, want):
+    """GRAPH_INLINE: on by default; off under either spelling; TFHVD_ wins."""
+    out = run_python("import tfhvd.tensorflow as hvd; print(hvd.settings()['graph_inline'])",
+                     env=env)
+    assert out.stdout.strip() == want, out.stderr
+
+
 @pytest.mark.parametrize("var,value", [("TFHVD_FUSION_THRESHOLD", "64MB"),
                                        ("HOROVOD_CYCLE_TIME", "-1"),
                                        ("TFHVD_LOG_LEVEL", "loud"),
-                                       ("HOROVOD_STALL_CHECK_DISABLE", "maybe")])
+                                       ("HOROVOD_STALL_CHECK_DISABLE", "maybe"),
+                                       ("TFHVD_GRAPH_INLINE", "sometimes")])
 def test_bad_setting_is_a_clear_init_error(var, value):
     out = run_python("import tfhvd.tensorflow as hvd\n"
                      "try:\n    hvd.init()\nexcept ValueError as e:\n    print('ERR', e)\n",
