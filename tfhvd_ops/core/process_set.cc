@@ -70,6 +70,11 @@ std::vector<int32_t> ProcessSetTable::Ids() const {
   return ids;
 }
 
+size_t ProcessSetTable::Size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return sets_.size();
+}
+
 std::vector<std::shared_ptr<ProcessSet>> ProcessSetTable::TakeAll() {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<std::shared_ptr<ProcessSet>> out;

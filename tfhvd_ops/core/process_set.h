@@ -66,6 +66,7 @@ class ProcessSetTable {
   std::shared_ptr<ProcessSet> Remove(int32_t id);
   std::shared_ptr<ProcessSet> Find(int32_t id) const;
   std::vector<int32_t> Ids() const;
+  size_t Size() const;
   // Everything, for shutdown.
   std::vector<std::shared_ptr<ProcessSet>> TakeAll();
 

@@ -164,7 +164,7 @@ Status Runtime::EnqueueInline(std::vector<TensorTableEntry> entries,
   return Status::OK();
 }
 
-bool Runtime::MayParkIdle() const { return !coordinator_ || sets_.Ids().size() == 1; }
+bool Runtime::MayParkIdle() const { return !coordinator_ || sets_.Size() == 1; }
 
 bool Runtime::TryTakeRole() {
   std::lock_guard<std::mutex> l(role_mu_);
@@ -227,7 +227,7 @@ bool Runtime::Shutdown() {
 // collective while another set negotiates.  With the global set alone they
 // run on the loop, which saves eager ops a thread hand-off.
 void Runtime::UpdateGlobalWorker() {
-  const bool want = set_workers_ && sets_.Ids().size() > 1;
+  const bool want = set_workers_ && sets_.Size() > 1;
   auto it = workers_.find(0);
   if (want && it == workers_.end()) {
     workers_[0] = MakeWorker(global_set_);

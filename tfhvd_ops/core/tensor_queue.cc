@@ -89,7 +89,6 @@ void TensorQueue::NoteRound(const std::vector<std::pair<std::string, int32_t>>& 
   }
 }
 
-
 void TensorQueue::Park(std::chrono::microseconds timeout, const std::function<bool()>& stop) {
   {
     std::lock_guard<std::mutex> l(mu_);
