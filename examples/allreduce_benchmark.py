@@ -9,6 +9,12 @@ overhead), and the median of the per-pair ratios (each tfhvd call against the
 raw call right after it, which cancels slow drifts of a shared machine).  It also times many small tensors in one ``tf.function`` against
 one tensor of their total size, and a raw mpi4py Allreduce while tfhvd is
 initialised but idle against the same call with tfhvd shut down.
+
+``--eager-breakdown`` splits one eager 1 KiB allreduce into its parts, four
+calls interleaved in the same processes: ``hvd.allreduce``; the library's op
+called directly (no tfhvd Python); a TensorFlow eager op on the same tensor
+(``tf.raw_ops.AddV2``: TensorFlow's own cost of running one op eagerly, which
+TensorFlow 2.21 always runs as a one-op function); and mpi4py's ``Allreduce``.
 """
 
 import argparse
@@ -90,6 +96,42 @@ def size_table(reps: int, max_bytes: int) -> None:
         n *= 4
 
 
+def eager_breakdown(reps: int) -> None:
+    """One eager 1 KiB allreduce, split into tfhvd's Python, TensorFlow's eager
+    dispatch, tfhvd's runtime and the transport (medians of interleaved calls)."""
+    from tfhvd.tensorflow import mpi_ops
+
+    op = mpi_ops._ops().horovod_allreduce
+    x = tf.ones([256], tf.float32)
+    src = np.ones(256, np.float32)
+    dst = np.empty_like(src)
+    calls = {
+        "hvd.allreduce(x, op=hvd.Sum)": lambda: hvd.allreduce(x, op=hvd.Sum, name="bench"),
+        "the library's op, called directly": lambda: op(
+            x, reduce_op=hvd.Sum, prescale_factor=1.0, postscale_factor=1.0,
+            ignore_name_scope=False, tensor_name="bench", process_set_id=0),
+        "tf.raw_ops.AddV2(x, x), no collective": lambda: tf.raw_ops.AddV2(x=x, y=x),
+        "mpi4py Allreduce": lambda: COMM.Allreduce(src, dst, op=MPI.SUM),
+    }
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    times: dict = {k: [] for k in calls}
+    for _ in range(reps):
+        for k, fn in calls.items():
+            times[k].append(timed(fn))
+    med = {k: COMM.allreduce(statistics.median(v), op=MPI.MAX) for k, v in times.items()}
+    hvd_t, op_t, tf_t, raw_t = (med[k] for k in calls)
+    rows = [(k, "%.1f" % (v * 1e6)) for k, v in med.items()]
+    rows += [("= tfhvd's Python (first - second)", "%.1f" % ((hvd_t - op_t) * 1e6)),
+             ("= TensorFlow's eager dispatch (third)", "%.1f" % (tf_t * 1e6)),
+             ("= tfhvd's runtime (second - third - fourth)",
+              "%.1f" % ((op_t - tf_t - raw_t) * 1e6)),
+             ("= the transport (fourth)", "%.1f" % (raw_t * 1e6))]
+    print_table("One eager 1 KiB allreduce, broken down (median of %d interleaved calls, "
+                "slowest rank)" % reps, ("call", "median (us)"), rows)
+
+
 def many_small(reps: int) -> None:
     """64 tensors of 4 KiB made and reduced inside one tf.function (as gradients
     are inside a training step) against one 256 KiB tensor."""
@@ -156,11 +198,16 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=200, help="timed repetitions per size")
     p.add_argument("--max-mib", type=int, default=64, help="largest size in MiB")
     p.add_argument("--skip-idle", action="store_true", help="skip the idle-interference test")
+    p.add_argument("--eager-breakdown", action="store_true",
+                   help="only the breakdown of one eager 1 KiB allreduce")
     args = p.parse_args()
     hvd.init()
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, %s" % (hvd.__version__, hvd.size(),
                                                         tf.__version__, MPI.Get_library_version().splitlines()[0]))
+    if args.eager_breakdown:
+        eager_breakdown(max(50, args.reps))
+        return
     size_table(args.reps, args.max_mib << 20)
     many_small(max(20, args.reps // 4))
     if not args.skip_idle:

@@ -12,7 +12,9 @@ median can be believed on a shared machine.
 Rows (issue 13's table):
   * one 1 KiB allreduce in a ``tf.function``, over its twin;
   * 64 allreduces of 4 KiB in one ``tf.function`` (one op per tensor, as
-    ``DistributedGradientTape`` makes them), over its twin;
+    ``DistributedGradientTape`` makes them), over its twin; and the same over a
+    twin that keeps 64 ``AddV2`` nodes (TensorFlow's cost of 64 more nodes in the
+    step, which the 64 allreduce nodes also pay);
   * one 256 KiB allreduce over its twin, and the ratio of the two rows above;
   * ``model.fit`` of a small MLP (Flatten, Dense(64), Dense(10); batch 32) with
     ``hvd.DistributedOptimizer`` against the plain optimizer, paired epochs in one
@@ -115,6 +117,16 @@ def collective_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callabl
     def many_twin(t):
         return tf.concat([p * 1.0 for p in tf.split(t, 64)], 0)
 
+    # The twin above holds no node per tensor (grappler folds p * 1.0 away).
+    # This one keeps 64 AddV2 nodes (c is an argument, so nothing folds): the
+    # difference between the two twins is TensorFlow's executor running 64
+    # more nodes in the step, which the 64 allreduce nodes cost it too.
+    @tf.function
+    def many_add_twin(t, c):
+        return tf.concat([p + c for p in tf.split(t, 64)], 0)
+
+    zero = tf.constant(0.0)
+
     @tf.function
     def one_big(t):
         return hvd.allreduce(t, op=hvd.Sum, name="probe_256k") + 1.0
@@ -122,6 +134,8 @@ def collective_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callabl
     return [("1 x 1 KiB allreduce", lambda: one_small(small), lambda: plus_one_twin(small), reps),
             ("64 x 4 KiB allreduces", lambda: many(big), lambda: many_twin(big),
              max(20, reps // 2)),
+            ("64 x 4 KiB allreduces, over a twin of 64 adds", lambda: many(big),
+             lambda: many_add_twin(big, zero), max(20, reps // 2)),
             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
 
 

@@ -8,8 +8,8 @@ import tensorflow as tf
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
-from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _grouped_allreduce,
-                                      allgather, grouped_allgather)
+from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _EagerTensor,
+                                      _grouped_allreduce, allgather, grouped_allgather)
 
 
 def _resolve_op(op: Optional[int], average: Optional[bool]) -> int:
@@ -64,7 +64,9 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
     if process_set is not global_process_set:
         check_process_set(process_set)
     op = _resolve_op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
+    # (An eager tensor is never IndexedSlices; skipping the ABC check saves a
+    # microsecond of every eager call.)
+    if type(tensor) is not _EagerTensor and isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
                                  ignore_name_scope, process_set)
     if compression is Compression.none:
