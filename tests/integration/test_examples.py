@@ -28,6 +28,25 @@ def test_allreduce_benchmark_prints_its_tables():
     assert "idle/off" in job.out
 
 
+def test_allreduce_benchmark_eager_breakdown_adds_up():
+    job = example("allreduce_benchmark.py", "--eager-breakdown", "--reps", "50")
+    value = lambda label: float(re.search(r"\| %s[^|]*\| (-?[\d.]+) \|" % re.escape(label),
+                                          job.out).group(1))  # noqa: E731
+    total = value("hvd.allreduce(x, op=hvd.Sum)")
+    parts = [value("= tfhvd's Python"), value("= TensorFlow's eager dispatch"),
+             value("= tfhvd's runtime"), value("= the transport")]
+    assert value("= the transport") > 0 and value("= TensorFlow's eager dispatch") > 0, job.out
+    assert abs(sum(parts) - total) < 0.3, (parts, total, job.out)
+
+
+def test_graph_benchmark_prints_its_rows():
+    job = example("graph_benchmark.py", "--reps", "10", "--skip-mlp", timeout=300)
+    for row in ("1 x 1 KiB allreduce", "64 x 4 KiB allreduces",
+                "64 x 4 KiB allreduces, over a twin of 64 adds", "1 x 256 KiB allreduce"):
+        assert re.search(r"\| %s \| [\d.]+ \| [\d.]+ \|" % re.escape(row), job.out), job.explain()
+    assert "64 x 4 KiB over twin / 1 x 256 KiB over twin" in job.out
+
+
 def test_tensorflow_digits_trains():
     job = example("tensorflow_digits.py", "--epochs", "1")
     assert re.search(r"epoch 1\b.*loss", job.out, re.IGNORECASE), job.explain()
