@@ -157,31 +157,116 @@ void TestCoordinator() {
   CHECK(cache.Lookup("a", req(0, "a", {5}).params) < 0);
 }
 
-// Process sets in the coordinator: an add agreed by every rank gets an id;
-// a set's tensor is ready once its members asked, goes only to its members,
-// and never fuses with another set's; a removed set's requests fail.
-void TestCoordinatorProcessSets() {
+// A coordinator of three ranks with a response cache, as rank 0 runs it.
+struct ThreeRanks {
   Settings s;
-  ResponseCache cache(16);
-  Logger log(LogLevel::kFatal, 0);
-  Coordinator c(3, s, &cache, &log);
-  auto now = Coordinator::Clock::now();
-  auto req = [](int rank, const std::string& name, int32_t set) {
-    return Req(rank, name, {4}, set);
-  };
-  auto change = [&](CollectiveType t, std::vector<int32_t> ranks, int32_t id) {
+  ResponseCache cache{16};
+  Logger log{LogLevel::kFatal, 0};
+  Coordinator c{3, s, &cache, &log};
+  Coordinator::Clock::time_point now = Coordinator::Clock::now();
+
+  // Every rank asks for the same process-set change; the round's responses.
+  ResponseList ChangeSet(CollectiveType type, const std::vector<int32_t>& ranks, int32_t id) {
     for (int rank = 0; rank < 3; ++rank) {
       RequestList l;
       Request r;
       r.rank = rank;
       r.name = "tfhvd.set_change";
-      r.params.type = t;
+      r.params.type = type;
       r.params.splits = ranks;
       r.params.root_rank = id;
       l.requests = {r};
       c.AddRequests(rank, l, now);
     }
     return c.Compute(now);
+  }
+};
+
+// The coordinator recycles a negotiated tensor's entry for the next one
+// (steady-state steps repeat names): nothing of an earlier round may leak
+// into a later one, whatever changed, and many distinct names still work.
+void TestCoordinatorReusesEntries() {
+  ThreeRanks t;
+  Coordinator& c = t.c;
+  auto now = t.now;
+  auto gather = [&](std::vector<Shape> shapes) {
+    for (int rank = 0; rank < 3; ++rank) {
+      RequestList l;
+      Request r = Req(rank, "g", shapes[rank]);
+      r.params.type = CollectiveType::kAllgather;
+      l.requests = {r};
+      c.AddRequests(rank, l, now);
+    }
+    return c.Compute(now);
+  };
+  ResponseList out = gather({{2, 4}, {3, 4}, {1, 4}});
+  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({2, 3, 1}));
+  out = gather({{5, 4}, {1, 4}, {2, 4}});
+  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({5, 1, 2}));
+  CHECK(out.responses[0].names == std::vector<std::string>({"g"}) &&
+        out.responses[0].params.shape == Shape({5, 4}));
+  out = gather({{2, 4}, {2, 5}, {2, 4}});
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError);
+  CHECK(out.responses[0].error.find("ranks 0, 2 sent shape [2, 4]; rank 1 sent shape [2, 5]") !=
+        std::string::npos);
+  // A recycled entry starts with no rank present: two of three ranks are
+  // not enough, and the third completes it with its own shape.
+  for (int rank = 0; rank < 2; ++rank) {
+    RequestList l;
+    l.requests = {Req(rank, "a", {7})};
+    c.AddRequests(rank, l, now);
+  }
+  CHECK(c.Compute(now).responses.empty() && c.HasPending());
+  RequestList l2;
+  l2.requests = {Req(2, "a", {7})};
+  c.AddRequests(2, l2, now);
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].sizes == std::vector<int64_t>({7}) &&
+        out.responses[0].params.shape == Shape({7}) && !c.HasPending());
+  // The same on a process set, whose readiness is a count of its members.
+  out = t.ChangeSet(CollectiveType::kAddProcessSet, {0, 2}, -1);
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kCollective);
+  const int32_t id = out.responses[0].params.root_rank;
+  for (int round = 0; round < 2; ++round) {
+    RequestList l0, l2;
+    l0.requests = {Req(0, "s", {3}, id)};
+    l2.requests = {Req(2, "s", {3}, id)};
+    c.AddRequests(0, l0, now);
+    CHECK(c.Compute(now).responses.empty());  // rank 2 has not asked yet
+    c.AddRequests(2, l2, now);
+    out = c.Compute(now);
+    CHECK(out.responses.size() == 1 && out.responses[0].params.process_set_id == id);
+  }
+  // More distinct names than the coordinator keeps entries for, twice over.
+  for (int round = 0; round < 2; ++round) {
+    for (int rank = 0; rank < 3; ++rank) {
+      RequestList l;
+      for (int i = 0; i < 1500; ++i) l.requests.push_back(Req(rank, "t" + std::to_string(i), {1}));
+      c.AddRequests(rank, l, now);
+    }
+    out = c.Compute(now);
+    size_t names = 0;
+    for (const Response& r : out.responses) {
+      CHECK(r.kind == ResponseKind::kCollective);
+      names += r.names.size();
+    }
+    CHECK(names == 1500 && !c.HasPending());
+    CHECK(out.responses[0].names[0] == "t0");
+  }
+}
+
+// Process sets in the coordinator: an add agreed by every rank gets an id;
+// a set's tensor is ready once its members asked, goes only to its members,
+// and never fuses with another set's; a removed set's requests fail.
+void TestCoordinatorProcessSets() {
+  ThreeRanks t;
+  Coordinator& c = t.c;
+  auto now = t.now;
+  auto req = [](int rank, const std::string& name, int32_t set) {
+    return Req(rank, name, {4}, set);
+  };
+  auto change = [&](CollectiveType type, std::vector<int32_t> ranks, int32_t id) {
+    return t.ChangeSet(type, ranks, id);
   };
   ResponseList added = change(CollectiveType::kAddProcessSet, {2, 0}, -1);
   CHECK(added.responses.size() == 1 && added.responses[0].kind == ResponseKind::kCollective);
@@ -476,6 +561,7 @@ int main() {
   TestMessages();
   TestHalf();
   TestCoordinator();
+  TestCoordinatorReusesEntries();
   TestCoordinatorProcessSets();
   TestShmRing();
   TestRuntime();

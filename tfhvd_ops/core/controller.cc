@@ -84,7 +84,7 @@ void Coordinator::MarkLost(int rank) {
   any_shut_down_ = true;
 }
 
-void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_point now) {
+void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now) {
   for (size_t i = 0; i < list.cached_ids.size(); ++i) {
     const int32_t id = list.cached_ids[i];
     const int32_t set = i < list.cached_sets.size() ? list.cached_sets[i] : 0;
@@ -100,12 +100,11 @@ void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_poi
     r.rank = rank;
     r.name = e->name;
     r.params = e->params;
-    Add(r, now);
+    Add(std::move(r), now);
   }
-  for (const Request& r : list.requests) {
-    Request copy = r;
-    copy.rank = rank;
-    Add(copy, now);
+  for (Request& r : list.requests) {
+    r.rank = rank;
+    Add(std::move(r), now);
   }
   if (list.shutdown) {
     shut_down_[rank] = true;
@@ -113,7 +112,7 @@ void Coordinator::AddRequests(int rank, const RequestList& list, Clock::time_poi
   }
 }
 
-void Coordinator::Add(const Request& r, Clock::time_point now) {
+void Coordinator::Add(Request r, Clock::time_point now) {
   const int32_t set = r.params.process_set_id;
   const SetInfo* info = Set(set);
   if (info == nullptr || !info->member[r.rank]) {
@@ -128,17 +127,30 @@ void Coordinator::Add(const Request& r, Clock::time_point now) {
                                            std::to_string(set))));
     return;
   }
-  const std::string key = TensorKey(set, r.name);
+  // The global set's key is the name itself (TensorKey): no copy to look it up.
+  std::string set_key;
+  if (set != 0) set_key = TensorKey(set, r.name);
+  const std::string& key = set != 0 ? set_key : r.name;
   auto it = table_.find(key);
   if (it == table_.end()) {
-    Pending p;
-    p.name = r.name;
-    p.set = set;
-    p.by_rank.resize(size_);
-    p.present.assign(size_, false);
-    p.first_seen = now;
-    p.last_warned = now;
-    it = table_.emplace(key, std::move(p)).first;
+    // A steady-state step negotiates the same tensors again: reuse a node
+    // (and its vectors and strings) that Compute gave back.
+    Table::node_type node;
+    if (!spare_.empty()) {
+      node = std::move(spare_.back());
+      spare_.pop_back();
+      node.key() = key;
+    }
+    it = node ? table_.insert(std::move(node)).position : table_.emplace(key, Pending()).first;
+    Pending& q = it->second;
+    q.name = r.name;
+    q.set = set;
+    q.by_rank.assign(size_, Request());
+    q.present.assign(size_, false);
+    q.count = 0;
+    q.ready = false;
+    q.first_seen = now;
+    q.last_warned = now;
   }
   Pending& p = it->second;
   if (p.present[r.rank]) {
@@ -147,27 +159,32 @@ void Coordinator::Add(const Request& r, Clock::time_point now) {
     TFHVD_LOG(*log_, kError, "duplicate request for '" << r.name << "' from rank " << r.rank);
     return;
   }
-  p.present[r.rank] = true;
-  p.by_rank[r.rank] = r;
+  const int rank = r.rank;
+  const bool join = r.params.type == CollectiveType::kJoin;
+  p.present[rank] = true;
+  p.by_rank[rank] = std::move(r);
   ++p.count;
-  if (r.params.type == CollectiveType::kJoin && !joined_[r.rank]) {
-    joined_[r.rank] = true;
+  if (join && !joined_[rank]) {
+    joined_[rank] = true;
     ++joined_count_;
-    last_joined_ = r.rank;
+    last_joined_ = rank;
     // Joining may complete tensors that were only waiting for this rank.
     std::vector<std::string> names;
     for (const auto& kv : table_) {
-      if (kv.first != key && kv.second.set == 0) names.push_back(kv.first);
+      if (kv.first != it->first && kv.second.set == 0) names.push_back(kv.first);
     }
     for (const auto& n : names) MarkReadyIfComplete(n);
   }
-  MarkReadyIfComplete(key);
+  MarkReadyIfComplete(it->first, p);
 }
 
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
   auto it = table_.find(name);
-  if (it == table_.end() || it->second.ready) return;
-  Pending& p = it->second;
+  if (it != table_.end()) MarkReadyIfComplete(it->first, it->second);
+}
+
+void Coordinator::MarkReadyIfComplete(const std::string& name, Pending& p) {
+  if (p.ready) return;
   if (p.set != 0) {
     if (p.count < static_cast<int>(Set(p.set)->ranks.size())) return;
   } else {
@@ -207,27 +224,30 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
     }
     return false;
   };
-  std::string prefix = "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name + "': ";
+  // Built only when a check fails: this runs for every tensor of every round.
+  auto prefix = [&] {
+    return "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name + "': ";
+  };
   // Problems a rank found locally come first: they explain the rest.
   for (int r = 0; r < size_; ++r) {
     if (p.present[r] && !p.by_rank[r].error.empty()) {
-      return prefix + "rank " + std::to_string(r) + ": " + p.by_rank[r].error;
+      return prefix() + "rank " + std::to_string(r) + ": " + p.by_rank[r].error;
     }
   }
   if (differs([](const CollectiveParams& c) { return c.type; })) {
-    return prefix + "ranks submitted different collectives under one name: " +
+    return prefix() + "ranks submitted different collectives under one name: " +
            PerRank(p.by_rank, p.present,
                    [](const Request& q) { return std::string(CollectiveName(q.params.type)); });
   }
   if (differs([](const CollectiveParams& c) { return c.dtype; })) {
-    return prefix + "mismatched dtypes: " +
+    return prefix() + "mismatched dtypes: " +
            PerRank(p.by_rank, p.present,
                    [](const Request& q) { return std::string(DataTypeName(q.params.dtype)); });
   }
   // Ranks may use different GPU ordinals (one GPU per process): only the
   // memory kind must agree.
   if (differs([](const CollectiveParams& c) { return c.device < 0; })) {
-    return prefix + "mixed CPU and GPU tensors: " +
+    return prefix() + "mixed CPU and GPU tensors: " +
            PerRank(p.by_rank, p.present, [](const Request& q) {
              return q.params.device < 0 ? std::string("a CPU tensor")
                                         : "a tensor on GPU " + std::to_string(q.params.device);
@@ -238,8 +258,8 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
     case CollectiveType::kAllreduce:
     case CollectiveType::kBroadcast:
     case CollectiveType::kReducescatter:
-      if (differs([](const CollectiveParams& c) { return c.shape; })) {
-        return prefix + "mismatched shapes: " + PerRank(p.by_rank, p.present, shape_desc);
+      if (differs([](const CollectiveParams& c) -> const Shape& { return c.shape; })) {
+        return prefix() + "mismatched shapes: " + PerRank(p.by_rank, p.present, shape_desc);
       }
       break;
     case CollectiveType::kAllgather:
@@ -249,7 +269,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       };
       if (differs([](const CollectiveParams& c) { return c.shape.size(); }) ||
           differs(trailing)) {
-        return prefix + "all dimensions but the first must match: " +
+        return prefix() + "all dimensions but the first must match: " +
                PerRank(p.by_rank, p.present, shape_desc);
       }
       break;
@@ -259,13 +279,13 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   }
   if (ref.type == CollectiveType::kAllreduce || ref.type == CollectiveType::kReducescatter) {
     if (differs([](const CollectiveParams& c) { return c.reduce_op; })) {
-      return prefix + "mismatched reduce ops: " +
+      return prefix() + "mismatched reduce ops: " +
              PerRank(p.by_rank, p.present,
                      [](const Request& q) { return std::string(ReduceOpName(q.params.reduce_op)); });
     }
     if (differs([](const CollectiveParams& c) { return c.prescale; }) ||
         differs([](const CollectiveParams& c) { return c.postscale; })) {
-      return prefix + "mismatched scale factors: " +
+      return prefix() + "mismatched scale factors: " +
              PerRank(p.by_rank, p.present, [](const Request& q) {
                std::ostringstream o;
                o << "prescale " << q.params.prescale << ", postscale " << q.params.postscale;
@@ -275,34 +295,34 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
   }
   if (ref.type == CollectiveType::kBroadcast) {
     if (differs([](const CollectiveParams& c) { return c.root_rank; })) {
-      return prefix + "mismatched root ranks: " +
+      return prefix() + "mismatched root ranks: " +
              PerRank(p.by_rank, p.present,
                      [](const Request& q) { return "root " + std::to_string(q.params.root_rank); });
     }
     if (ref.root_rank < 0 || ref.root_rank >= size_) {
-      return prefix + "root rank " + std::to_string(ref.root_rank) + " is out of range for " +
+      return prefix() + "root rank " + std::to_string(ref.root_rank) + " is out of range for " +
              std::to_string(size_) + " ranks";
     }
     if (!set.member[ref.root_rank]) {
-      return prefix + "root rank " + std::to_string(ref.root_rank) +
+      return prefix() + "root rank " + std::to_string(ref.root_rank) +
              " is not a member of process set " + std::to_string(p.set) + " " +
              RanksString(set.ranks);
     }
   }
   if (ref.type == CollectiveType::kAddProcessSet &&
-      differs([](const CollectiveParams& c) { return c.splits; })) {
-    return prefix + "ranks asked for different process sets: " +
+      differs([](const CollectiveParams& c) -> const std::vector<int32_t>& { return c.splits; })) {
+    return prefix() + "ranks asked for different process sets: " +
            PerRank(p.by_rank, p.present,
                    [](const Request& q) { return RanksString(q.params.splits); });
   }
   if (ref.type == CollectiveType::kRemoveProcessSet &&
       differs([](const CollectiveParams& c) { return c.root_rank; })) {
-    return prefix + "ranks asked to remove different process sets: " +
+    return prefix() + "ranks asked to remove different process sets: " +
            PerRank(p.by_rank, p.present,
                    [](const Request& q) { return "id " + std::to_string(q.params.root_rank); });
   }
   if (ref.type == CollectiveType::kReducescatter && ref.shape.empty()) {
-    return prefix + "a scalar cannot be scattered; give a tensor of rank >= 1";
+    return prefix() + "a scalar cannot be scattered; give a tensor of rank >= 1";
   }
   if (ref.type == CollectiveType::kAlltoall) {
     for (int r = 0; r < size_; ++r) {
@@ -311,20 +331,20 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
       if (c.splits.empty()) continue;  // even split, checked below
       if (static_cast<int>(c.splits.size()) != n) {
-        return prefix + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
+        return prefix() + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
                " splits " + RanksString(c.splits) + ", expected one per rank (" +
                std::to_string(n) + ")";
       }
       int64_t sum = 0;
       for (int32_t s : c.splits) {
         if (s < 0) {
-          return prefix + "rank " + std::to_string(r) + " gave a negative split " +
+          return prefix() + "rank " + std::to_string(r) + " gave a negative split " +
                  RanksString(c.splits);
         }
         sum += s;
       }
       if (sum != dim0) {
-        return prefix + "rank " + std::to_string(r) + " gave splits " + RanksString(c.splits) +
+        return prefix() + "rank " + std::to_string(r) + " gave splits " + RanksString(c.splits) +
                " that sum to " + std::to_string(sum) + ", but its first dimension is " +
                std::to_string(dim0);
       }
@@ -334,7 +354,7 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       const CollectiveParams& c = p.by_rank[r].params;
       int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
       if (c.splits.empty() && dim0 % n != 0) {
-        return prefix + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
+        return prefix() + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
                std::to_string(dim0) + " is not divisible by " + std::to_string(n) + " ranks";
       }
     }
@@ -357,10 +377,10 @@ Response Coordinator::Build(Pending& p) {
   }
   const bool set_change = ref.type == CollectiveType::kAddProcessSet ||
                           ref.type == CollectiveType::kRemoveProcessSet;
-  const std::string joined_ranks = RanksString(std::vector<int>(joined.begin(), joined.end()));
+  auto joined_ranks = [&] { return RanksString(std::vector<int>(joined.begin(), joined.end())); };
   if (!joined.empty() && set_change) {
     return ErrorResponse(name, p.set, "tfhvd: " + std::string(CollectiveName(ref.type)) +
-                                          " cannot run while ranks " + joined_ranks +
+                                          " cannot run while ranks " + joined_ranks() +
                                           " have joined");
   }
   if (set_change) return ChangeSets(p, ref);
@@ -368,13 +388,12 @@ Response Coordinator::Build(Pending& p) {
       ref.type != CollectiveType::kJoin) {
     return ErrorResponse(name, p.set,
                          "tfhvd: " + std::string(CollectiveName(ref.type)) + " of tensor '" + name +
-                             "' cannot run while ranks " + joined_ranks +
+                             "' cannot run while ranks " + joined_ranks() +
                              " have joined; only allreduce supports join");
   }
   Response resp;
-  resp.names = {name};
-  resp.params = ref;
-  resp.joined_ranks = joined;
+  const bool cacheable = set.cache != nullptr && joined.empty();
+  resp.joined_ranks = std::move(joined);
   switch (ref.type) {
     case CollectiveType::kAllreduce:
       resp.sizes = {NumElements(ref.shape)};
@@ -401,9 +420,11 @@ Response Coordinator::Build(Pending& p) {
     default:
       break;
   }
-  if (set.cache != nullptr && joined.empty()) {
-    resp.cache_ids = {set.cache->Assign(name, ref)};
-  }
+  if (cacheable) resp.cache_ids = {set.cache->Assign(name, ref)};
+  // Compute recycles the pending entry after this: move its name and
+  // parameters rather than copy them (`name` and `ref` refer to them).
+  resp.names.push_back(std::move(p.name));
+  resp.params = std::move(p.by_rank[first].params);
   return resp;
 }
 
@@ -571,6 +592,7 @@ ResponseList Coordinator::Compute(Clock::time_point now) {
   responses.swap(immediate_);
   std::vector<std::string> ready;
   ready.swap(ready_);
+  responses.reserve(responses.size() + ready.size());
   bool join_done = false;
   for (const auto& key : ready) {
     auto it = table_.find(key);
@@ -578,7 +600,11 @@ ResponseList Coordinator::Compute(Clock::time_point now) {
     Response r = Build(it->second);
     join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
     responses.push_back(std::move(r));
-    table_.erase(it);
+    if (spare_.size() < kSpareNodes) {
+      spare_.push_back(table_.extract(it));
+    } else {
+      table_.erase(it);
+    }
   }
   if (any_shut_down_) FailUnreachable(&responses);
   if (now - last_stall_check_ >= std::chrono::seconds(1)) {

@@ -65,7 +65,7 @@ class Coordinator {
               const Logger* log);
 
   // Records what rank `rank` sent (its cached ids are expanded here).
-  void AddRequests(int rank, const RequestList& list, Clock::time_point now);
+  void AddRequests(int rank, RequestList list, Clock::time_point now);
   // Builds the responses that are ready, in execution order.  Also fails
   // tensors that can never complete (a needed rank has shut down) and runs
   // the stall check.
@@ -98,8 +98,9 @@ class Coordinator {
     Clock::time_point last_warned;
   };
 
-  void Add(const Request& r, Clock::time_point now);
+  void Add(Request r, Clock::time_point now);
   void MarkReadyIfComplete(const std::string& name);
+  void MarkReadyIfComplete(const std::string& name, Pending& p);
   Response Build(Pending& p);
   std::string Validate(const std::string& name, const Pending& p) const;
   // Applies an agreed add or remove of a process set (kAddProcessSet,
@@ -117,7 +118,11 @@ class Coordinator {
   Settings settings_;
   ResponseCache* cache_;
   const Logger* log_;
-  std::unordered_map<std::string, Pending> table_;  // by TensorKey(set, name)
+  using Table = std::unordered_map<std::string, Pending>;
+  Table table_;  // by TensorKey(set, name)
+  // Nodes of negotiated tensors, kept for the next step's (Add).
+  static constexpr size_t kSpareNodes = 1024;
+  std::vector<Table::node_type> spare_;
   std::vector<std::string> ready_;
   std::map<int32_t, SetInfo> sets_;
   int32_t next_set_id_ = 1;

@@ -80,7 +80,9 @@ void Executor::Execute(const Response& r,
       st = Status::InvalidArgument("tfhvd: tensor '" + r.names[0] +
                                    "': the Adasum reduce op is not supported; use Average or Sum");
     } else {
-      for (size_t i = 0; i < entries.size(); ++i) {
+      // (Row names are built only when the timeline records: every tensor
+      // of every round passes here.)
+      for (size_t i = 0; i < entries.size() && timeline_->enabled(); ++i) {
         if (entries[i]) {
           timeline_->Start(TimelineName(set.id, r.names[i]), CollectiveName(p.type),
                            entries[i]->input ? entries[i]->input->size_bytes() : 0);
@@ -111,7 +113,7 @@ void Executor::Execute(const Response& r,
         Status sync = c->Synchronize();
         if (st.ok()) st = sync;
       }
-      for (size_t i = 0; i < entries.size(); ++i) {
+      for (size_t i = 0; i < entries.size() && timeline_->enabled(); ++i) {
         if (entries[i]) timeline_->End(TimelineName(set.id, r.names[i]));
       }
     }

@@ -304,22 +304,9 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
   return list;
 }
 
-void Runtime::NoteSolo(const ResponseList& list) {
-  std::vector<std::pair<std::string, int32_t>> local;
-  for (const Response& r : list.responses) {
-    const int32_t sid = r.params.process_set_id;
-    for (const std::string& name : r.names) {
-      std::string key = TensorKey(sid, name);
-      const TensorTableEntry* e = queue_.Peek(key);
-      if (e != nullptr) local.emplace_back(std::move(key), e->group_size);
-    }
-  }
-  if (!local.empty()) queue_.NoteRound(local);
-}
-
 void Runtime::ExecuteList(const ResponseList& list) {
   const int rank = topology().rank;
-  if (settings_.graph_inline && drive_on_callers_) NoteSolo(list);
+  if (settings_.graph_inline && drive_on_callers_) queue_.NoteRound(list);
   for (const Response& r : list.responses) {
     const int32_t sid = r.params.process_set_id;
     std::shared_ptr<ProcessSet> set = sid == 0 ? global_set_ : sets_.Find(sid);
@@ -332,7 +319,7 @@ void Runtime::ExecuteList(const ResponseList& list) {
     for (size_t i = 0; i < r.names.size(); ++i) {
       TensorTableEntry e;
       if (queue_.Pop(TensorKey(sid, r.names[i]), &e)) {
-        timeline_.NegotiateEnd(TimelineName(sid, r.names[i]));
+        if (timeline_.enabled()) timeline_.NegotiateEnd(TimelineName(sid, r.names[i]));
         // Cache what this rank asked for: a fused response carries only
         // names[0]'s shape, and cacheable requests are the same on every rank.
         if (i < r.cache_ids.size() && set) set->cache.Insert(r.cache_ids[i], r.names[i], e.params);
@@ -446,7 +433,7 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     RequestList own;
     own.requests = std::move(fresh);
     own.shutdown = shutting_down;
-    coordinator_->AddRequests(0, own, now);
+    coordinator_->AddRequests(0, std::move(own), now);
     progress = true;
   }
   std::vector<std::pair<int, std::string>> msgs;
@@ -469,7 +456,7 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
       TFHVD_LOG(log_, kError, "corrupt negotiation message from rank " << m.first);
       continue;
     }
-    coordinator_->AddRequests(m.first, list, now);
+    coordinator_->AddRequests(m.first, std::move(list), now);
     progress = true;
   }
   if (settings_.cycle_time_ms > 0 &&

@@ -116,8 +116,6 @@ class Runtime {
   // not a coordinator of other process sets, which must answer their
   // members while it has nothing of its own.  The loop's holder only.
   bool MayParkIdle() const;
-  // Records which pending entries a response list holds (TensorQueue::NoteRound).
-  void NoteSolo(const ResponseList& list);
   void ReleaseRole();
   // After a pass that made progress: lets waiters re-check their `done`.
   void NotifyRoleWaiters();

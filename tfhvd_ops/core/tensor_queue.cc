@@ -71,20 +71,57 @@ Status TensorQueue::AddFromGraph(std::vector<TensorTableEntry> entries, bool bur
   return Status::OK();
 }
 
-void TensorQueue::NoteRound(const std::vector<std::pair<std::string, int32_t>>& keys_and_groups) {
+void TensorQueue::NoteRound(const ResponseList& list) {
+  // A round of several ops only clears marks: with none set, and this round
+  // not one op alone, there is nothing to note (and no keys to build).  Only
+  // for the global set's rounds, whose names are all this rank's (or, when
+  // it has joined, none of them).
+  size_t names = 0;
+  bool all_global = true;
+  const Response* first = nullptr;
+  for (const Response& r : list.responses) {
+    if (first == nullptr && !r.names.empty()) first = &r;
+    names += r.names.size();
+    all_global &= r.params.process_set_id == 0;
+  }
+  if (first == nullptr) return;
+  if (names > 1 && all_global) {
+    bool any_solo;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      any_solo = !solo_.empty();
+    }
+    if (!any_solo) {
+      const TensorTableEntry* e = Peek(TensorKey(0, first->names[0]));
+      if (e == nullptr || static_cast<size_t>(e->group_size) != names) return;
+    }
+  }
+  // This rank's entries, and how many entries each one's op had.
+  std::vector<std::string> keys;
+  int32_t first_group = 0;
+  for (const Response& r : list.responses) {
+    const int32_t sid = r.params.process_set_id;
+    for (const std::string& name : r.names) {
+      std::string key = TensorKey(sid, name);
+      const TensorTableEntry* e = Peek(key);
+      if (e == nullptr) continue;
+      if (keys.empty()) first_group = e->group_size;
+      keys.push_back(std::move(key));
+    }
+  }
+  if (keys.empty()) return;
   // One op's entries are negotiated together, so a list that holds as many
   // entries as its first one's op had holds that op alone.
-  const bool alone = !keys_and_groups.empty() &&
-                     keys_and_groups[0].second == static_cast<int32_t>(keys_and_groups.size());
+  const bool alone = first_group == static_cast<int32_t>(keys.size());
   std::lock_guard<std::mutex> l(mu_);
-  if (alone && solo_.size() + keys_and_groups.size() > kMaxSolo) solo_.clear();
+  if (alone && solo_.size() + keys.size() > kMaxSolo) solo_.clear();
   last_keys_.clear();
-  for (const auto& kg : keys_and_groups) {
+  for (const std::string& k : keys) {
     if (alone) {
-      solo_.insert(kg.first);
-      last_keys_.push_back(kg.first);
+      solo_.insert(k);
+      last_keys_.push_back(k);
     } else {
-      solo_.erase(kg.first);
+      solo_.erase(k);
     }
   }
 }

@@ -58,10 +58,9 @@ class TensorQueue {
   // that round's op was one of a burst (each waiting for its predecessor):
   // it is solo no more, and neither is this one.
   Status AddFromGraph(std::vector<TensorTableEntry> entries, bool burst, bool* solo);
-  // Records, before a response list runs, which pending entries it holds
-  // (their keys, and how many entries each one's op had): they were alone
-  // when they are all of one op.
-  void NoteRound(const std::vector<std::pair<std::string, int32_t>>& keys_and_groups);
+  // Records, before a response list runs, which pending entries it holds:
+  // they were alone when they are all of one op.
+  void NoteRound(const ResponseList& list);
   // The background thread's idle park (it waits without the loop's role):
   // until an Add that signals, WakeParked(), or `timeout`; not at all when
   // `stop()` holds once it counts as parked.  The signal is left for
