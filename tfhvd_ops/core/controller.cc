@@ -127,10 +127,8 @@ void Coordinator::Add(Request r, Clock::time_point now) {
                                            std::to_string(set))));
     return;
   }
-  // The global set's key is the name itself (TensorKey): no copy to look it up.
-  std::string set_key;
-  if (set != 0) set_key = TensorKey(set, r.name);
-  const std::string& key = set != 0 ? set_key : r.name;
+  std::string key_buf;
+  const std::string& key = TensorKeyRef(set, r.name, &key_buf);
   auto it = table_.find(key);
   if (it == table_.end()) {
     // A steady-state step negotiates the same tensors again: reuse a node

@@ -87,6 +87,12 @@ std::string TensorKey(int32_t set_id, const std::string& name) {
   return set_id == 0 ? name : std::to_string(set_id) + '\x1f' + name;
 }
 
+const std::string& TensorKeyRef(int32_t set_id, const std::string& name, std::string* buf) {
+  if (set_id == 0) return name;
+  *buf = TensorKey(set_id, name);
+  return *buf;
+}
+
 std::string TimelineName(int32_t set_id, const std::string& name) {
   return set_id == 0 ? name : name + " (process set " + std::to_string(set_id) + ")";
 }

@@ -78,6 +78,9 @@ class ProcessSetTable {
 // The key of a tensor in the queue and the coordinator's table: two sets may
 // use the same tensor name at once.
 std::string TensorKey(int32_t set_id, const std::string& name);
+// The same without a copy on hot paths: the global set's key is the name
+// itself; another set's is built in `*buf`.  Valid while both live.
+const std::string& TensorKeyRef(int32_t set_id, const std::string& name, std::string* buf);
 // The timeline row of a tensor: its name, and the set when not global.
 std::string TimelineName(int32_t set_id, const std::string& name);
 

@@ -316,9 +316,10 @@ void Runtime::ExecuteList(const ResponseList& list) {
     bool joined = std::find(r.joined_ranks.begin(), r.joined_ranks.end(), rank) !=
                   r.joined_ranks.end();
     bool missing = false;
+    std::string key_buf;
     for (size_t i = 0; i < r.names.size(); ++i) {
       TensorTableEntry e;
-      if (queue_.Pop(TensorKey(sid, r.names[i]), &e)) {
+      if (queue_.Pop(TensorKeyRef(sid, r.names[i], &key_buf), &e)) {
         if (timeline_.enabled()) timeline_.NegotiateEnd(TimelineName(sid, r.names[i]));
         // Cache what this rank asked for: a fused response carries only
         // names[0]'s shape, and cacheable requests are the same on every rank.

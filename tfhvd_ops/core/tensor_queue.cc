@@ -72,56 +72,35 @@ Status TensorQueue::AddFromGraph(std::vector<TensorTableEntry> entries, bool bur
 }
 
 void TensorQueue::NoteRound(const ResponseList& list) {
-  // A round of several ops only clears marks: with none set, and this round
-  // not one op alone, there is nothing to note (and no keys to build).  Only
-  // for the global set's rounds, whose names are all this rank's (or, when
-  // it has joined, none of them).
-  size_t names = 0;
-  bool all_global = true;
-  const Response* first = nullptr;
-  for (const Response& r : list.responses) {
-    if (first == nullptr && !r.names.empty()) first = &r;
-    names += r.names.size();
-    all_global &= r.params.process_set_id == 0;
-  }
-  if (first == nullptr) return;
-  if (names > 1 && all_global) {
-    bool any_solo;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      any_solo = !solo_.empty();
-    }
-    if (!any_solo) {
-      const TensorTableEntry* e = Peek(TensorKey(0, first->names[0]));
-      if (e == nullptr || static_cast<size_t>(e->group_size) != names) return;
-    }
-  }
-  // This rank's entries, and how many entries each one's op had.
-  std::vector<std::string> keys;
+  // This rank's entries, and how many entries the first one's op had (keys
+  // are looked up without copies: this runs for every round).
+  std::string buf;
+  size_t local = 0;
   int32_t first_group = 0;
   for (const Response& r : list.responses) {
-    const int32_t sid = r.params.process_set_id;
     for (const std::string& name : r.names) {
-      std::string key = TensorKey(sid, name);
-      const TensorTableEntry* e = Peek(key);
-      if (e == nullptr) continue;
-      if (keys.empty()) first_group = e->group_size;
-      keys.push_back(std::move(key));
+      const TensorTableEntry* e = Peek(TensorKeyRef(r.params.process_set_id, name, &buf));
+      if (e != nullptr && local++ == 0) first_group = e->group_size;
     }
   }
-  if (keys.empty()) return;
+  if (local == 0) return;
   // One op's entries are negotiated together, so a list that holds as many
   // entries as its first one's op had holds that op alone.
-  const bool alone = first_group == static_cast<int32_t>(keys.size());
+  const bool alone = first_group == static_cast<int32_t>(local);
   std::lock_guard<std::mutex> l(mu_);
-  if (alone && solo_.size() + keys.size() > kMaxSolo) solo_.clear();
   last_keys_.clear();
-  for (const std::string& k : keys) {
-    if (alone) {
-      solo_.insert(k);
-      last_keys_.push_back(k);
-    } else {
-      solo_.erase(k);
+  if (!alone && solo_.empty()) return;  // nothing to mark, nothing to clear
+  if (alone && solo_.size() + local > kMaxSolo) solo_.clear();
+  for (const Response& r : list.responses) {
+    for (const std::string& name : r.names) {
+      const std::string& key = TensorKeyRef(r.params.process_set_id, name, &buf);
+      if (Peek(key) == nullptr) continue;
+      if (alone) {
+        solo_.insert(key);
+        last_keys_.push_back(key);
+      } else {
+        solo_.erase(key);
+      }
     }
   }
 }
