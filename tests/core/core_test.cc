@@ -255,6 +255,91 @@ void TestCoordinatorReusesEntries() {
   }
 }
 
+// The fast lane for cached tensors (controller.h, step 3a): steady-state
+// steps complete without table entries, and every way out of the lane
+// (other parameters, join, stall, a lost rank, a removed set) still gives
+// the table's answer instead of a tensor that waits forever.
+void TestCoordinatorFastLane() {
+  Settings s;
+  s.fusion_threshold_bytes = 64;
+  s.stall_check_time_s = 1;
+  s.stall_shutdown_time_s = 2;
+  ResponseCache cache(16);
+  Logger log(LogLevel::kFatal, 0);
+  Coordinator c(2, s, &cache, &log);
+  auto now = Coordinator::Clock::now();
+  auto full = [&](int rank, std::vector<Request> reqs) {
+    RequestList l;
+    l.requests = std::move(reqs);
+    c.AddRequests(rank, l, now);
+  };
+  auto ids = [&](int rank, std::vector<int32_t> slots) {  // a worker's cache hits
+    RequestList l;
+    l.cached_ids = slots;
+    l.cached_sets.assign(slots.size(), 0);
+    c.AddRequests(rank, l, now);
+  };
+  full(0, {Req(0, "a", {4}), Req(0, "b", {4})});
+  full(1, {Req(1, "a", {4}), Req(1, "b", {4})});
+  ResponseList out = c.Compute(now);  // assigns slots 0 and 1
+  CHECK(out.responses.size() == 1 && out.responses[0].cache_ids == std::vector<int32_t>({0, 1}));
+  // A steady step: rank 0's own requests and the worker's slot ids.
+  full(0, {Req(0, "a", {4}), Req(0, "b", {4})});
+  CHECK(c.Compute(now).responses.empty() && c.HasPending());
+  ids(1, {1, 0});
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && !c.HasPending());
+  // (In the order they became ready: the worker's last request completed each.)
+  CHECK(out.responses[0].names == std::vector<std::string>({"b", "a"}) &&
+        out.responses[0].sizes == std::vector<int64_t>({4, 4}) &&
+        out.responses[0].params.shape == Shape({4}) && out.responses[0].joined_ranks.empty());
+  // Other parameters for a cached name, after and before the slot id.
+  for (int order = 0; order < 2; ++order) {
+    if (order == 0) ids(1, {0});
+    full(0, {Req(0, "a", {5})});
+    if (order == 1) ids(1, {0});
+    out = c.Compute(now);
+    CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError &&
+          out.responses[0].error.find("rank 0 sent shape [5]; rank 1 sent shape [4]") !=
+              std::string::npos);
+    CHECK(!c.HasPending());
+  }
+  ids(1, {0});  // and the lane works again
+  full(0, {Req(0, "a", {4})});
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kCollective &&
+        !c.HasPending());
+  // Join: the waiting slot completes with the joined rank's zeros.
+  ids(1, {0});
+  Request join = Req(0, "join", {});
+  join.params.type = CollectiveType::kJoin;
+  full(0, {join});
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].names == std::vector<std::string>({"a"}) &&
+        out.responses[0].joined_ranks == std::vector<int32_t>({0}));
+  join.rank = 1;
+  full(1, {join});
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].params.type == CollectiveType::kJoin &&
+        !c.HasPending());
+  // A stall: a slot one rank sent is failed after the stall shutdown time.
+  ids(1, {1});
+  CHECK(c.Compute(now + std::chrono::milliseconds(1500)).responses.empty());
+  out = c.Compute(now + std::chrono::seconds(3));
+  CHECK(out.responses.size() == 1 && out.responses[0].error_code == StatusCode::kAborted &&
+        out.responses[0].error.find("'b' stalled") != std::string::npos &&
+        out.responses[0].error.find("ranks [0] never submitted") != std::string::npos);
+  CHECK(!c.HasPending());
+  // A lost rank fails what waits for it.
+  full(0, {Req(0, "b", {4})});
+  c.MarkLost(1);
+  out = c.Compute(now + std::chrono::seconds(3));
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError &&
+        out.responses[0].error.find("'b' cannot complete: ranks [1] have exited") !=
+            std::string::npos);
+  CHECK(!c.HasPending());
+}
+
 // Process sets in the coordinator: an add agreed by every rank gets an id;
 // a set's tensor is ready once its members asked, goes only to its members,
 // and never fuses with another set's; a removed set's requests fail.
@@ -310,6 +395,22 @@ void TestCoordinatorProcessSets() {
   out = c.Compute(now);
   CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError &&
         out.responses[0].error.find("does not exist") != std::string::npos);
+  CHECK(!c.HasPending());
+  // A set removed while one of its cached tensors waits leaves nothing pending.
+  added = change(CollectiveType::kAddProcessSet, {0, 1}, -1);
+  const int32_t id2 = added.responses[0].params.root_rank;
+  for (int step = 0; step < 2; ++step) {
+    r0.requests = {req(0, "w", id2)};
+    r1.requests = {req(1, "w", id2)};
+    c.AddRequests(0, r0, now);
+    c.AddRequests(1, r1, now);
+    CHECK(c.Compute(now).responses.size() == 1);
+  }
+  r0.requests = {req(0, "w", id2)};  // in the set's cache now: the fast lane
+  c.AddRequests(0, r0, now);
+  CHECK(c.HasPending());
+  CHECK(change(CollectiveType::kRemoveProcessSet, {}, id2).responses[0].kind ==
+        ResponseKind::kCollective);
   CHECK(!c.HasPending());
 }
 
@@ -562,6 +663,7 @@ int main() {
   TestHalf();
   TestCoordinator();
   TestCoordinatorReusesEntries();
+  TestCoordinatorFastLane();
   TestCoordinatorProcessSets();
   TestShmRing();
   TestRuntime();

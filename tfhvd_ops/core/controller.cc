@@ -82,13 +82,24 @@ void Coordinator::MarkLost(int rank) {
   lost_[rank] = !shut_down_[rank];
   shut_down_[rank] = true;
   any_shut_down_ = true;
+  DemoteWaiting(Clock::now(), true);  // FailUnreachable looks only at the table
 }
 
 void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now) {
+  // A cached tensor's request that goes to the table marks its slot, so the
+  // other ranks' requests for it follow it there.
+  auto to_table = [&](Request r, SetInfo* info, int32_t slot) {
+    if (info != nullptr && slot >= 0) {
+      Demote(r.params.process_set_id, *info, slot);
+      info->fast[slot].in_table = true;
+    }
+    Add(std::move(r), now);
+  };
   for (size_t i = 0; i < list.cached_ids.size(); ++i) {
     const int32_t id = list.cached_ids[i];
     const int32_t set = i < list.cached_sets.size() ? list.cached_sets[i] : 0;
-    const SetInfo* info = Set(set);
+    auto sit = sets_.find(set);
+    SetInfo* info = sit == sets_.end() ? nullptr : &sit->second;
     const ResponseCache::Entry* e =
         info != nullptr && info->cache != nullptr ? info->cache->Get(id) : nullptr;
     if (e == nullptr) {
@@ -96,19 +107,108 @@ void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now)
                                         << " of process set " << set);
       continue;
     }
+    if (FastLaneOpen(set, info) && info->member[rank]) {
+      AddCached(rank, set, *info, id, now);
+      continue;
+    }
     Request r;
     r.rank = rank;
     r.name = e->name;
     r.params = e->params;
-    Add(std::move(r), now);
+    to_table(std::move(r), info, id);
   }
   for (Request& r : list.requests) {
     r.rank = rank;
-    Add(std::move(r), now);
+    const int32_t set = r.params.process_set_id;
+    auto sit = sets_.find(set);
+    SetInfo* info = sit == sets_.end() ? nullptr : &sit->second;
+    const int32_t slot = info != nullptr && info->cache != nullptr &&
+                                 ResponseCache::Cacheable(r.params.type)
+                             ? info->cache->Find(r.name)
+                             : -1;
+    if (slot >= 0 && FastLaneOpen(set, info) && info->member[rank] && r.error.empty() &&
+        SameParams(info->cache->Get(slot)->params, r.params)) {
+      AddCached(rank, set, *info, slot, now);  // as if it had sent the slot id
+      continue;
+    }
+    // (A cached tensor with other parameters: the table compares them.)
+    to_table(std::move(r), info, slot);
   }
   if (list.shutdown) {
     shut_down_[rank] = true;
     any_shut_down_ = true;
+    DemoteWaiting(now, true);  // FailUnreachable looks only at the table
+  }
+}
+
+bool Coordinator::FastLaneOpen(int32_t set, const SetInfo* info) const {
+  // Join concerns the global set only.
+  return info != nullptr && info->cache != nullptr && (set != 0 || joined_count_ == 0) &&
+         !any_shut_down_;
+}
+
+void Coordinator::AddCached(int rank, int32_t set, SetInfo& info, int32_t slot,
+                            Clock::time_point now) {
+  if (info.fast.size() <= static_cast<size_t>(slot)) info.fast.resize(slot + 1);
+  Fast& f = info.fast[slot];
+  if (f.in_table) {
+    std::string key_buf;
+    if (table_.count(TensorKeyRef(set, info.cache->Get(slot)->name, &key_buf))) {
+      Request r;
+      r.rank = rank;
+      r.name = info.cache->Get(slot)->name;
+      r.params = info.cache->Get(slot)->params;
+      Add(std::move(r), now);
+      return;
+    }
+    f.in_table = false;
+  }
+  if (f.count == 0) {
+    f.present.assign(size_, false);
+    f.first_seen = now;
+    ++fast_pending_;
+  } else if (f.present[rank] || f.ready) {
+    // The worker holds back duplicates, so this is a protocol bug (as in Add).
+    TFHVD_LOG(*log_, kError, "duplicate request for '" << info.cache->Get(slot)->name
+                                                       << "' from rank " << rank);
+    return;
+  }
+  f.present[rank] = true;
+  if (++f.count == static_cast<int>(info.ranks.size())) {
+    f.ready = true;
+    ready_.push_back(Ready{std::string(), set, slot});
+  }
+}
+
+void Coordinator::Demote(int32_t set, SetInfo& info, int32_t slot) {
+  if (info.fast.size() <= static_cast<size_t>(slot)) info.fast.resize(slot + 1);
+  Fast& f = info.fast[slot];
+  if (f.count == 0 || f.ready) return;  // a ready slot has every rank: it runs as it is
+  const ResponseCache::Entry& e = *info.cache->Get(slot);
+  const std::vector<bool> present = f.present;
+  const Clock::time_point first_seen = f.first_seen;
+  f.count = 0;
+  f.in_table = true;
+  --fast_pending_;
+  for (int r = 0; r < size_; ++r) {
+    if (!present[r]) continue;
+    Request q;
+    q.rank = r;
+    q.name = e.name;
+    q.params = e.params;
+    Add(std::move(q), first_seen);  // keeps its age for the stall check
+  }
+}
+
+void Coordinator::DemoteWaiting(Clock::time_point before, bool all) {
+  if (fast_pending_ == 0) return;
+  for (auto& kv : sets_) {
+    for (size_t slot = 0; slot < kv.second.fast.size(); ++slot) {
+      const Fast& f = kv.second.fast[slot];
+      if (f.count > 0 && !f.ready && (all || f.first_seen <= before)) {
+        Demote(kv.first, kv.second, static_cast<int32_t>(slot));
+      }
+    }
   }
 }
 
@@ -162,18 +262,23 @@ void Coordinator::Add(Request r, Clock::time_point now) {
   p.present[rank] = true;
   p.by_rank[rank] = std::move(r);
   ++p.count;
+  // (Table insertions below may rehash: keep the node's key, not `it`.)
+  const std::string& my_key = it->first;
   if (join && !joined_[rank]) {
     joined_[rank] = true;
     ++joined_count_;
     last_joined_ = rank;
+    // The fast lane counts members, not joined ranks: the global set's
+    // waiting slots move to the table, whose rule counts a joined rank.
+    DemoteWaiting(now, true);
     // Joining may complete tensors that were only waiting for this rank.
     std::vector<std::string> names;
     for (const auto& kv : table_) {
-      if (kv.first != it->first && kv.second.set == 0) names.push_back(kv.first);
+      if (kv.first != my_key && kv.second.set == 0) names.push_back(kv.first);
     }
     for (const auto& n : names) MarkReadyIfComplete(n);
   }
-  MarkReadyIfComplete(it->first, p);
+  MarkReadyIfComplete(my_key, p);
 }
 
 void Coordinator::MarkReadyIfComplete(const std::string& name) {
@@ -192,7 +297,7 @@ void Coordinator::MarkReadyIfComplete(const std::string& name, Pending& p) {
     }
   }
   p.ready = true;
-  ready_.push_back(name);
+  ready_.push_back(Ready{name, p.set, -1});
 }
 
 Response Coordinator::ErrorResponse(const std::string& name, int32_t set,
@@ -457,51 +562,71 @@ Response Coordinator::ChangeSets(const Pending& p, const CollectiveParams& ref) 
     return ErrorResponse(p.name, 0, prefix + "process set " + std::to_string(id) +
                                         " does not exist, or has been removed");
   }
+  for (const Fast& f : sets_[id].fast) fast_pending_ -= f.count > 0 ? 1 : 0;
   sets_.erase(id);
   // Its pending tensors: each member fails its own when it runs this response.
   for (auto it = table_.begin(); it != table_.end();) {
     it = it->second.set == id ? table_.erase(it) : std::next(it);
   }
   ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
-                              [this](const std::string& k) { return !table_.count(k); }),
+                              [this, id](const Ready& k) {
+                                return k.slot < 0 ? !table_.count(k.key) : k.set == id;
+                              }),
                ready_.end());
   return resp;
 }
 
-std::vector<Response> Coordinator::Fuse(std::vector<Response> in) {
+Response* Coordinator::Fuser::OpenFor(const CollectiveParams& p,
+                                      const std::vector<int32_t>& joined, int64_t bytes) {
   // Allreduces fuse when they agree on everything but name and shape.
-  auto fusable = [](const Response& a, const Response& b) {
-    return a.params.dtype == b.params.dtype && a.params.reduce_op == b.params.reduce_op &&
-           a.params.prescale == b.params.prescale && a.params.postscale == b.params.postscale &&
-           a.params.device == b.params.device && a.joined_ranks == b.joined_ranks &&
-           a.params.process_set_id == b.params.process_set_id;
-  };
-  std::vector<Response> out;
-  std::vector<std::pair<size_t, int64_t>> open;  // (index in out, bytes so far)
-  for (Response& r : in) {
-    if (r.kind != ResponseKind::kCollective || r.params.type != CollectiveType::kAllreduce) {
-      out.push_back(std::move(r));
-      continue;
+  for (auto& o : open) {
+    Response& f = (*out)[o.first];
+    if (o.second + bytes <= threshold && f.params.dtype == p.dtype &&
+        f.params.reduce_op == p.reduce_op && f.params.prescale == p.prescale &&
+        f.params.postscale == p.postscale && f.params.device == p.device &&
+        f.params.process_set_id == p.process_set_id && f.joined_ranks == joined) {
+      o.second += bytes;
+      return &f;
     }
-    if (r.cache_ids.empty()) r.cache_ids = {-1};
-    const int64_t b = r.sizes[0] * DataTypeSize(r.params.dtype);
-    bool merged = false;
-    for (auto& o : open) {
-      Response& f = out[o.first];
-      if (fusable(f, r) && o.second + b <= settings_.fusion_threshold_bytes) {
-        f.names.push_back(std::move(r.names[0]));
-        f.sizes.push_back(r.sizes[0]);
-        f.cache_ids.push_back(r.cache_ids[0]);
-        o.second += b;
-        merged = true;
-        break;
-      }
-    }
-    if (merged) continue;
-    open.emplace_back(out.size(), b);
-    out.push_back(std::move(r));
   }
-  return out;
+  return nullptr;
+}
+
+void Coordinator::Fuser::Push(Response r) {
+  if (r.kind != ResponseKind::kCollective || r.params.type != CollectiveType::kAllreduce) {
+    out->push_back(std::move(r));
+    return;
+  }
+  if (r.cache_ids.empty()) r.cache_ids = {-1};
+  const int64_t b = r.sizes[0] * DataTypeSize(r.params.dtype);
+  if (Response* f = OpenFor(r.params, r.joined_ranks, b)) {
+    f->names.push_back(std::move(r.names[0]));
+    f->sizes.push_back(r.sizes[0]);
+    f->cache_ids.push_back(r.cache_ids[0]);
+    return;
+  }
+  open.emplace_back(out->size(), b);
+  out->push_back(std::move(r));
+}
+
+void Coordinator::Fuser::PushCached(const ResponseCache::Entry& e, int32_t slot) {
+  // A steady-state step's tensors join an open response without a Response
+  // of their own.
+  if (e.params.type == CollectiveType::kAllreduce) {
+    const int64_t n = NumElements(e.params.shape);
+    if (Response* f = OpenFor(e.params, {}, n * DataTypeSize(e.params.dtype))) {
+      f->names.push_back(e.name);
+      f->sizes.push_back(n);
+      f->cache_ids.push_back(slot);
+      return;
+    }
+  }
+  Response resp;
+  resp.names.push_back(e.name);
+  resp.params = e.params;
+  if (e.params.type == CollectiveType::kAllreduce) resp.sizes = {NumElements(e.params.shape)};
+  resp.cache_ids = {slot};
+  Push(std::move(resp));
 }
 
 std::string Coordinator::MissingRanks(const Pending& p) const {
@@ -515,6 +640,10 @@ std::string Coordinator::MissingRanks(const Pending& p) const {
 void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out) {
   if (settings_.stall_check_disable) return;
   using Secs = std::chrono::duration<double>;
+  // Slots that waited long enough to be reported are checked in the table.
+  double limit = settings_.stall_check_time_s;
+  if (settings_.stall_shutdown_time_s > 0) limit = std::min(limit, settings_.stall_shutdown_time_s);
+  DemoteWaiting(now - std::chrono::duration_cast<Clock::duration>(Secs(limit)), false);
   std::ostringstream warn;
   std::vector<std::string> failed;
   for (auto& kv : table_) {
@@ -586,18 +715,33 @@ void Coordinator::FailUnreachable(std::vector<Response>* out) {
 }
 
 ResponseList Coordinator::Compute(Clock::time_point now) {
-  std::vector<Response> responses;
+  ResponseList list;
+  std::vector<Response>& responses = list.responses;
+  // Errors found on arrival come first; none of them fuses.
   responses.swap(immediate_);
-  std::vector<std::string> ready;
+  std::vector<Ready> ready;
   ready.swap(ready_);
   responses.reserve(responses.size() + ready.size());
+  Fuser fuser{&responses, {}, settings_.fusion_threshold_bytes};
   bool join_done = false;
-  for (const auto& key : ready) {
-    auto it = table_.find(key);
+  for (const Ready& k : ready) {
+    if (k.slot >= 0) {
+      auto sit = sets_.find(k.set);
+      if (sit == sets_.end()) continue;
+      Fast& f = sit->second.fast[k.slot];
+      if (!f.ready) continue;
+      // Validated when the slot was assigned; every rank sent these parameters.
+      fuser.PushCached(*sit->second.cache->Get(k.slot), k.slot);
+      f.ready = false;
+      f.count = 0;
+      --fast_pending_;
+      continue;
+    }
+    auto it = table_.find(k.key);
     if (it == table_.end()) continue;
     Response r = Build(it->second);
     join_done |= r.kind == ResponseKind::kCollective && r.params.type == CollectiveType::kJoin;
-    responses.push_back(std::move(r));
+    fuser.Push(std::move(r));
     if (spare_.size() < kSpareNodes) {
       spare_.push_back(table_.extract(it));
     } else {
@@ -614,8 +758,6 @@ ResponseList Coordinator::Compute(Clock::time_point now) {
     joined_count_ = 0;
     last_joined_ = -1;
   }
-  ResponseList list;
-  list.responses = Fuse(std::move(responses));
   return list;
 }
 

@@ -31,6 +31,15 @@
 //  8. Stalls: a name some ranks submitted and others did not is reported
 //     after the stall-check time, listing the missing ranks; with a stall
 //     shutdown time it is failed on every rank.
+//  3a. Cached tensors take a fast lane.  A request that equals a cache slot
+//     (a worker's slot id, or rank 0's own request found in the cache) is
+//     counted in an array indexed by slot, with no table entry, no copy of
+//     its name and no validation: its parameters were validated when the
+//     slot was assigned, and every rank sent the same ones.  A request that
+//     names a cached tensor with other parameters moves the slot's pending
+//     ranks into the table, so the mismatch is reported as in step 4.  So do
+//     a join, a rank that shuts down, and the stall check for slots that
+//     have waited: the table's rules then apply unchanged.
 //  9. Process sets (process_set.h): every request names its set; the table
 //     is keyed by (set, name), a set's tensor is ready once all the set's
 //     members asked, and its Response goes only to the members.  Adding and
@@ -71,7 +80,7 @@ class Coordinator {
   // the stall check.
   ResponseList Compute(Clock::time_point now);
 
-  bool HasPending() const { return !table_.empty(); }
+  bool HasPending() const { return !table_.empty() || fast_pending_ > 0; }
   // Whether `rank` gets the responses of set `set_id` (every rank for the
   // global set and for sets that no longer exist).
   bool Receives(int rank, int32_t set_id) const;
@@ -81,11 +90,26 @@ class Coordinator {
   bool AllWorkersShutDown() const;
 
  private:
+  // A cache slot's requests in the fast lane (step 3a).
+  struct Fast {
+    std::vector<bool> present;  // indexed by world rank; valid while count > 0
+    int count = 0;
+    bool ready = false;     // queued in ready_
+    bool in_table = false;  // the table may hold this name: look there first
+    Clock::time_point first_seen;
+  };
   struct SetInfo {
     std::vector<int> ranks;      // world ranks, ascending
     std::vector<bool> member;    // indexed by world rank
     std::unique_ptr<ResponseCache> own_cache;  // for sets other than the global one
     ResponseCache* cache = nullptr;            // null: caching disabled
+    std::vector<Fast> fast;                    // indexed by cache slot
+  };
+  // A tensor ready to run: a table entry (slot < 0) or a fast-lane slot.
+  struct Ready {
+    std::string key;
+    int32_t set = 0;
+    int32_t slot = -1;
   };
   struct Pending {
     std::string name;
@@ -99,6 +123,26 @@ class Coordinator {
   };
 
   void Add(Request r, Clock::time_point now);
+  // Whether a request of `set` may take the fast lane at all now.
+  bool FastLaneOpen(int32_t set, const SetInfo* info) const;
+  // Counts rank `rank`'s request for slot `slot` of set `set` (step 3a).
+  void AddCached(int rank, int32_t set, SetInfo& info, int32_t slot, Clock::time_point now);
+  // Moves a slot's pending requests into the table; `all` does so for every
+  // waiting slot of every set (join, shutdown), else for those older than `before`.
+  void Demote(int32_t set, SetInfo& info, int32_t slot);
+  void DemoteWaiting(Clock::time_point before, bool all);
+  // Fuses responses as they are built, in order: allreduces that agree on
+  // everything but name and shape join the first open response with room.
+  struct Fuser {
+    std::vector<Response>* out;
+    std::vector<std::pair<size_t, int64_t>> open;  // (index in out, bytes so far)
+    int64_t threshold;
+    void Push(Response r);
+    void PushCached(const ResponseCache::Entry& e, int32_t slot);
+    // The open response `p` may join with `bytes` more, or null.
+    Response* OpenFor(const CollectiveParams& p, const std::vector<int32_t>& joined,
+                      int64_t bytes);
+  };
   void MarkReadyIfComplete(const std::string& name);
   void MarkReadyIfComplete(const std::string& name, Pending& p);
   Response Build(Pending& p);
@@ -107,7 +151,6 @@ class Coordinator {
   // kRemoveProcessSet), or says why it cannot be.
   Response ChangeSets(const Pending& p, const CollectiveParams& ref);
   void AddSet(int32_t id, std::vector<int> ranks);
-  std::vector<Response> Fuse(std::vector<Response> in);
   void CheckStalls(Clock::time_point now, std::vector<Response>* out);
   void FailUnreachable(std::vector<Response>* out);
   std::string MissingRanks(const Pending& p) const;
@@ -123,7 +166,8 @@ class Coordinator {
   // Nodes of negotiated tensors, kept for the next step's (Add).
   static constexpr size_t kSpareNodes = 1024;
   std::vector<Table::node_type> spare_;
-  std::vector<std::string> ready_;
+  std::vector<Ready> ready_;
+  int fast_pending_ = 0;  // fast-lane slots with requests, ready ones included
   std::map<int32_t, SetInfo> sets_;
   int32_t next_set_id_ = 1;
   std::vector<Response> immediate_;  // errors found when a request arrived

@@ -21,6 +21,11 @@ int32_t ResponseCache::Lookup(const std::string& name, const CollectiveParams& p
   return SameParams(entries_[it->second].params, p) ? it->second : -1;
 }
 
+int32_t ResponseCache::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
 int32_t ResponseCache::Assign(const std::string& name, const CollectiveParams& p) {
   if (!Cacheable(p.type) || by_name_.count(name) ||
       static_cast<int64_t>(entries_.size()) >= capacity_) {

@@ -33,6 +33,8 @@ class ResponseCache {
   static bool Cacheable(CollectiveType t);
   // Slot holding exactly (name, params), or -1.
   int32_t Lookup(const std::string& name, const CollectiveParams& p) const;
+  // Slot holding `name` with any parameters, or -1.
+  int32_t Find(const std::string& name) const;
   // Coordinator only: a fresh slot for (name, params), or -1 when full or
   // when the name already holds other parameters.
   int32_t Assign(const std::string& name, const CollectiveParams& p);
