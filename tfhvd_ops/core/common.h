@@ -131,13 +131,39 @@ class Tensor {
   virtual std::shared_ptr<ReadyEvent> ready_event() const { return nullptr; }
 };
 
+// Byte alignment of each tensor in a fused buffer: every rank lays a fused
+// response out alike, and an output that views the buffer (OpContext::
+// SetOutputView) starts aligned for the framework's kernels.
+constexpr int64_t kFusionAlign = 64;
+
 // The framework side of one op invocation: allocates outputs whose shape is
-// only known after negotiation (allgather, alltoall, reducescatter).
+// only known after negotiation (allgather, alltoall, reducescatter), and
+// places allreduce outputs that were left to the executor
+// (TensorTableEntry::output null).
 class OpContext {
  public:
   virtual ~OpContext() = default;
   virtual Status AllocateOutput(int index, const Shape& shape,
                                 std::shared_ptr<Tensor>* out) = 0;
+  // Output `index` in the buffer of input `index` where the framework allows
+  // it (nothing else reads that input), else a fresh tensor.
+  virtual Status ForwardOrAllocateOutput(int index, const Shape& shape,
+                                         std::shared_ptr<Tensor>* out) {
+    return AllocateOutput(index, shape, out);
+  }
+  // Whether outputs can be views of a shared buffer (the two calls below).
+  virtual bool SupportsViews() const { return false; }
+  // A host buffer of `bytes`, aligned to kFusionAlign, whose parts can
+  // become outputs of this op and of other ops of the same framework.
+  virtual Status AllocateShared(int64_t bytes, std::shared_ptr<Tensor>* out) {
+    return Status::FailedPrecondition("tfhvd: internal error: no shared outputs here");
+  }
+  // Makes output `index` the `dtype` tensor of `shape` that starts at byte
+  // `offset` (a multiple of kFusionAlign) of `shared`, without a copy.
+  virtual Status SetOutputView(int index, const Tensor& shared, int64_t offset, DataType dtype,
+                               const Shape& shape) {
+    return Status::FailedPrecondition("tfhvd: internal error: no shared outputs here");
+  }
 };
 
 using StatusCallback = std::function<void(const Status&)>;
@@ -168,7 +194,10 @@ struct TensorTableEntry {
   std::string name;
   CollectiveParams params;
   std::shared_ptr<Tensor> input;    // absent for join/barrier
-  std::shared_ptr<Tensor> output;   // pre-allocated when the shape is known
+  // Pre-allocated when the shape is known; a host allreduce may leave it
+  // null, for the executor to place (OpContext: forwarded, or a view of the
+  // fused buffer).
+  std::shared_ptr<Tensor> output;
   std::shared_ptr<OpContext> context;
   StatusCallback callback;
   // When the framework handed the entry over (for the timeline's QUEUE span).

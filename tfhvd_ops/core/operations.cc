@@ -140,6 +140,7 @@ Status Executor::Allreduce(const Response& r,
   if (entries.size() == 1 && entries[0]) {
     TensorTableEntry& e = *entries[0];
     const int64_t n = r.sizes[0];
+    TFHVD_RETURN_IF_ERROR(PlaceOutput(e));
     void* out = e.output->mutable_data();
     if (p.prescale != 1.0) {
       TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
@@ -148,35 +149,89 @@ Status Executor::Allreduce(const Response& r,
     const void* in = e.input->data() == out ? nullptr : e.input->data();  // forwarded
     return c->AllreduceScaled(in, out, n, p.dtype, op, post);
   }
-  int64_t total = 0;
-  for (int64_t n : r.sizes) total += n;
-  char* buf = static_cast<char*>(c->FusionBuffer(total * esize));
+  // Every rank lays the tensors out alike, from the response alone (a joined
+  // rank has no entries; one tensor has no padding): each at an aligned
+  // offset, and the reduction ends with the last tensor.
+  std::vector<int64_t> offsets(entries.size());
+  int64_t total_bytes = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    offsets[i] = (total_bytes + kFusionAlign - 1) / kFusionAlign * kFusionAlign;
+    total_bytes = offsets[i] + r.sizes[i] * esize;
+  }
+  // Host outputs left to us become views of one buffer that the framework
+  // allocates: the reduction happens where the outputs live, so there is
+  // nothing to copy out.  Otherwise the collectives' own fusion buffer.
+  TensorTableEntry* first = nullptr;
+  bool views = p.device < 0;
+  for (const auto& e : entries) {
+    if (!e) continue;
+    if (first == nullptr) first = e.get();
+    views &= !e->output && e->context && e->context->SupportsViews();
+  }
+  views &= first != nullptr;
+  std::shared_ptr<Tensor> shared;
+  char* buf = nullptr;
+  if (views) {
+    TFHVD_RETURN_IF_ERROR(first->context->AllocateShared(total_bytes, &shared));
+    buf = static_cast<char*>(shared->mutable_data());
+  } else {
+    for (auto& e : entries) {
+      if (e) TFHVD_RETURN_IF_ERROR(PlaceOutput(*e));
+    }
+    buf = static_cast<char*>(c->FusionBuffer(total_bytes));
+  }
   in_phase_ = false;
   Phase(r, entries, "MEMCPY_IN_FUSION_BUFFER");
-  int64_t off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const int64_t bytes = r.sizes[i] * esize;
+    const int64_t end = i + 1 < entries.size() ? offsets[i + 1] : total_bytes;
     if (entries[i]) {
-      TFHVD_RETURN_IF_ERROR(
-          c->ScaledCopy(entries[i]->input->data(), buf + off, r.sizes[i], p.dtype, p.prescale));
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(entries[i]->input->data(), buf + offsets[i],
+                                          r.sizes[i], p.dtype, p.prescale));
+      if (end > offsets[i] + bytes) {
+        TFHVD_RETURN_IF_ERROR(c->Zero(buf + offsets[i] + bytes, end - offsets[i] - bytes));
+      }
     } else {
-      TFHVD_RETURN_IF_ERROR(c->Zero(buf + off, bytes));  // a joined rank contributes zeros
+      TFHVD_RETURN_IF_ERROR(c->Zero(buf + offsets[i], end - offsets[i]));  // a joined rank
     }
-    off += bytes;
   }
   Phase(r, entries, std::string(c->name()) + "_ALLREDUCE");
-  TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, total, p.dtype, op));
+  const int64_t count = total_bytes / esize;
+  if (views) {
+    TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, count, p.dtype, op));
+    // (The timeline keeps Horovod's phase: here the scaling in place and
+    // the placing of the outputs.)
+    Phase(r, entries, "MEMCPY_OUT_FUSION_BUFFER");
+    if (post != 1.0) TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf, buf, count, p.dtype, post));
+    for (size_t i = 0; i < entries.size(); ++i) {
+      TensorTableEntry* e = entries[i].get();
+      if (!e) continue;
+      // (An empty tensor has no bytes to view.)
+      TFHVD_RETURN_IF_ERROR(r.sizes[i] == 0 ? PlaceOutput(*e)
+                                            : e->context->SetOutputView(0, *shared, offsets[i],
+                                                                        p.dtype, e->params.shape));
+    }
+    Phase(r, entries, "");
+    return Status::OK();
+  }
+  TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, count, p.dtype, op));
   Phase(r, entries, "MEMCPY_OUT_FUSION_BUFFER");
-  off = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i]) {
-      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf + off, entries[i]->output->mutable_data(),
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf + offsets[i], entries[i]->output->mutable_data(),
                                           r.sizes[i], p.dtype, post));
     }
-    off += r.sizes[i] * esize;
   }
   Phase(r, entries, "");
   return Status::OK();
+}
+
+Status Executor::PlaceOutput(TensorTableEntry& e) {
+  if (e.output) return Status::OK();
+  if (!e.context) {
+    return Status::Internal("tfhvd: internal error: tensor '" + e.name + "' has no output");
+  }
+  return e.context->ForwardOrAllocateOutput(0, e.params.shape, &e.output);
 }
 
 void Executor::Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,

@@ -3,8 +3,11 @@
 // Every rank runs the same ResponseList in the same order.  For each Response
 // the executor gathers the local entries, moves the bytes with the
 // Collectives of the tensors' memory kind, and completes the entries'
-// callbacks.  Allreduces of several tensors go through the Collectives'
-// persistent fusion buffer; a single tensor is reduced straight from input to
+// callbacks.  Allreduces of several tensors are laid out alike on every rank
+// (each at a kFusionAlign offset) in one buffer: for host tensors whose
+// framework can place outputs, a framework buffer whose parts become the
+// outputs (OpContext::SetOutputView: no copy out); else the Collectives'
+// persistent fusion buffer.  A single tensor is reduced straight from input to
 // output.  Copies and scaling go through the Collectives too, so this file
 // works unchanged for host and device memory.  Device transports work
 // asynchronously: the executor hands them each tensor's ready event before
@@ -43,6 +46,8 @@ class Executor {
  private:
   // The transport of `set` for tensors on `device` (-1: host).
   Collectives* CollectivesFor(ProcessSet& set, int device);
+  // Gives an allreduce entry left without an output its output (OpContext).
+  Status PlaceOutput(TensorTableEntry& e);
   Status Allreduce(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& e,
                    Collectives* c, const ProcessSet& set);
   Status Allgather(const Response& r, TensorTableEntry& e, Collectives* c);

@@ -46,6 +46,8 @@ class GpuOpContext : public TFOpContext {
  public:
   GpuOpContext(OpKernelContext* ctx, int base, GpuStream stream)
       : TFOpContext(ctx, base), stream_(stream) {}
+  // Device outputs are allocated, with their event, before the op runs.
+  bool SupportsViews() const override { return false; }
   core::Status AllocateOutput(int index, const core::Shape& shape,
                               std::shared_ptr<core::Tensor>* out) override {
     TFHVD_RETURN_IF_ERROR(TFOpContext::AllocateOutput(index, shape, out));
@@ -67,6 +69,7 @@ class GpuOp : public Op {
 
  protected:
   bool DriveOnCaller() const override { return false; }
+  bool PlacesOutputsLater() const override { return false; }
   absl::Status Prepare(OpKernelContext* ctx, int i, core::TensorTableEntry* e) override {
     TF_RETURN_IF_ERROR(Op::Prepare(ctx, i, e));
     if (ctx->input_memory_type(i) == HOST_MEMORY) return absl::OkStatus();

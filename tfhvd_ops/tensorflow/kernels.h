@@ -82,6 +82,7 @@ class TFTensor : public core::Tensor {
   void* mutable_data() override { return const_cast<char*>(t_.tensor_data().data()); }
   int64_t size_bytes() const override { return static_cast<int64_t>(t_.tensor_data().size()); }
   std::shared_ptr<core::ReadyEvent> ready_event() const override { return event_; }
+  const tensorflow::Tensor& tf() const { return t_; }
   // GPU kernels: when TF's stream has produced or allocated the tensor.
   void set_ready_event(std::shared_ptr<core::ReadyEvent> e) { event_ = std::move(e); }
 
@@ -100,18 +101,62 @@ class TFOpContext : public core::OpContext {
   core::Status AllocateOutput(int index, const core::Shape& shape,
                               std::shared_ptr<core::Tensor>* out) override {
     TensorShape ts;
-    for (int64_t d : shape) {
-      absl::Status s = ts.AddDimWithStatus(d);
-      if (!s.ok()) return core::Status::InvalidArgument(std::string(s.message()));
-    }
+    TFHVD_RETURN_IF_ERROR(Convert(shape, &ts));
     tensorflow::Tensor* t = nullptr;
     absl::Status s = ctx_->allocate_output(base_ + index, ts, &t);
     if (!s.ok()) return core::Status::Internal("allocating an output: " + std::string(s.message()));
     *out = std::make_shared<TFTensor>(*t);
     return core::Status::OK();
   }
+  // Output i of an allreduce has the shape of input i.
+  core::Status ForwardOrAllocateOutput(int index, const core::Shape& shape,
+                                       std::shared_ptr<core::Tensor>* out) override {
+    TensorShape ts;
+    TFHVD_RETURN_IF_ERROR(Convert(shape, &ts));
+    tensorflow::Tensor* t = nullptr;
+    absl::Status s =
+        ctx_->forward_input_or_allocate_output({base_ + index}, base_ + index, ts, &t);
+    if (!s.ok()) return core::Status::Internal("allocating an output: " + std::string(s.message()));
+    *out = std::make_shared<TFTensor>(*t);
+    return core::Status::OK();
+  }
+  bool SupportsViews() const override { return true; }
+  core::Status AllocateShared(int64_t bytes, std::shared_ptr<core::Tensor>* out) override {
+    tensorflow::Tensor t;
+    // TensorFlow's CPU allocator aligns to 64 bytes (core::kFusionAlign).
+    absl::Status s = ctx_->allocate_temp(DT_INT8, TensorShape({bytes}), &t);
+    if (!s.ok()) {
+      return core::Status::Internal("allocating a fused output: " + std::string(s.message()));
+    }
+    *out = std::make_shared<TFTensor>(t);
+    return core::Status::OK();
+  }
+  // A view shares the shared buffer (a TensorFlow sub-buffer): TensorFlow
+  // forwards no view to an op that writes in place while another view, or
+  // the shared buffer, still references that memory (Tensor::RefCountIsOne).
+  core::Status SetOutputView(int index, const core::Tensor& shared, int64_t offset,
+                             core::DataType dtype, const core::Shape& shape) override {
+    TensorShape ts;
+    TFHVD_RETURN_IF_ERROR(Convert(shape, &ts));
+    const int64_t bytes = core::NumElements(shape) * core::DataTypeSize(dtype);
+    const tensorflow::Tensor slice =
+        static_cast<const TFTensor&>(shared).tf().Slice(offset, offset + bytes);
+    tensorflow::Tensor view;
+    absl::Status s = view.BitcastFrom(slice, ctx_->expected_output_dtype(base_ + index), ts);
+    if (!s.ok()) return core::Status::Internal("placing a fused output: " + std::string(s.message()));
+    ctx_->set_output(base_ + index, std::move(view));
+    return core::Status::OK();
+  }
 
  protected:
+  static core::Status Convert(const core::Shape& shape, TensorShape* ts) {
+    for (int64_t d : shape) {
+      absl::Status s = ts->AddDimWithStatus(d);
+      if (!s.ok()) return core::Status::InvalidArgument(std::string(s.message()));
+    }
+    return core::Status::OK();
+  }
+
   OpKernelContext* ctx_;
   int base_;
 };
@@ -227,6 +272,9 @@ class HorovodOp : public AsyncOpKernel {
   // Whether Compute may run the runtime on the caller's thread.  GPU kernels
   // keep the background thread, which owns the NCCL communicators' streams.
   virtual bool DriveOnCaller() const { return true; }
+  // Whether allreduce outputs are left to the executor (TensorTableEntry::
+  // output); GPU kernels pre-allocate theirs, so that a ready event covers them.
+  virtual bool PlacesOutputsLater() const { return true; }
   virtual int NumEntries(OpKernelContext* ctx) { return ctx->num_inputs(); }
 
   // Fills the entry for input i: its tensor, shape, dtype, output.
@@ -235,6 +283,11 @@ class HorovodOp : public AsyncOpKernel {
     TF_RETURN_IF_ERROR(ToCore(in.dtype(), &e->params.dtype));
     e->params.shape = ToCore(in.shape());
     e->input = std::make_shared<TFTensor>(in);
+    // A host allreduce's output is placed when it runs (OpContext): in the
+    // input's buffer, or as a view of the fused buffer.
+    if (type_ == core::CollectiveType::kAllreduce && PlacesOutputsLater()) {
+      return absl::OkStatus();
+    }
     if (type_ == core::CollectiveType::kAllreduce || type_ == core::CollectiveType::kBroadcast) {
       Tensor* out = nullptr;
       TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out));
