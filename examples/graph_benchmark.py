@@ -22,6 +22,9 @@ Rows (issue 13's table):
     a reference that averages the gradients with mpi4py's ``Allreduce`` inside a
     ``tf.py_function`` (TensorFlow's own cost plus the raw transport: the bar).
 
+``--probe-64 N`` only calls the 64-op function N times (for ``TFHVD_LOG_LEVEL=debug``'s round
+lines, or ``perf``; ``scripts/compare_builds.sh`` uses it).
+
 ``--compare-inline`` runs the collective rows with ``TFHVD_GRAPH_INLINE`` on and off,
 alternating in the same processes: a graph op that was alone in its last round runs
 tfhvd's loop on its own executor thread instead of waking tfhvd's background thread.
@@ -281,11 +284,19 @@ def main() -> None:
     p.add_argument("--skip-mlp", action="store_true", help="skip the Keras fit rows")
     p.add_argument("--rounds", type=int, default=1,
                    help="rounds of the collective rows (each row: the median of the rounds)")
+    p.add_argument("--probe-64", type=int, default=0, metavar="N",
+                   help="only call the 64 x 4 KiB function N times and print nothing (for "
+                        "TFHVD_LOG_LEVEL=debug's round lines, or perf; scripts/compare_builds.sh)")
     p.add_argument("--compare-inline", action="store_true",
                    help="the collective rows with TFHVD_GRAPH_INLINE=1 and =0, alternating "
                         "in the same processes (re-initialising tfhvd between them)")
     args = p.parse_args()
     hvd.init()
+    if args.probe_64:
+        _, many, _, _ = collective_cases(1)[1]
+        for _ in range(args.probe_64):
+            many()
+        return
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, OMP_NUM_THREADS=%s"
               % (hvd.__version__, hvd.size(), tf.__version__,

@@ -68,3 +68,19 @@ def test_keras_mnist_trains_and_checkpoints(tmp_path):
     assert m and int(m.group(1)) > 0, job.explain()
     assert 0.0 <= float(m.group(2)) <= 1.0
     assert sorted(os.listdir(ckpt)) == ["checkpoint-1.keras", "checkpoint-2.keras"], job.explain()
+
+
+def test_compare_builds_prints_both_builds_rows_and_rounds():
+    """scripts/compare_builds.sh with this checkout as both builds, one run: each
+    build's graph rows, and its negotiation rounds from graph_benchmark --probe-64."""
+    from jobs import run
+
+    job = run(["bash", os.path.join(ROOT, "scripts", "compare_builds.sh"), ROOT, ROOT, "1"],
+              timeout=400)
+    assert job.rc == 0, job.explain()
+    assert len(re.findall(r"^== run 1: ", job.out, re.M)) == 2, job.explain()
+    assert len(re.findall(r"^\| 64 x 4 KiB allreduces, over a twin of 64 adds \| [\d.]+",
+                          job.out, re.M)) == 2, job.explain()
+    rounds = re.findall(r"rounds: (\d+), of all 64 tensors: (\d+); negotiation ([\d.]+|nan) us",
+                        job.out)
+    assert len(rounds) == 2 and all(int(r[0]) >= 300 for r in rounds), job.explain()
