@@ -304,6 +304,16 @@ void TestCoordinatorFastLane() {
               std::string::npos);
     CHECK(!c.HasPending());
   }
+  // Another collective under a cached name, after the slot id: the mismatch.
+  ids(1, {0});
+  Request gather = Req(0, "a", {4});
+  gather.params.type = CollectiveType::kAllgather;
+  full(0, {gather});
+  out = c.Compute(now);
+  CHECK(out.responses.size() == 1 && out.responses[0].kind == ResponseKind::kError &&
+        out.responses[0].error.find("different collectives under one name") !=
+            std::string::npos);
+  CHECK(!c.HasPending());
   ids(1, {0});  // and the lane works again
   full(0, {Req(0, "a", {4})});
   out = c.Compute(now);

@@ -122,10 +122,10 @@ void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now)
     const int32_t set = r.params.process_set_id;
     auto sit = sets_.find(set);
     SetInfo* info = sit == sets_.end() ? nullptr : &sit->second;
-    const int32_t slot = info != nullptr && info->cache != nullptr &&
-                                 ResponseCache::Cacheable(r.params.type)
-                             ? info->cache->Find(r.name)
-                             : -1;
+    // (Any collective under a cached name: another collective under it is
+    // a mismatch the table reports, so the slot's waiting ranks go there.)
+    const int32_t slot =
+        info != nullptr && info->cache != nullptr ? info->cache->Find(r.name) : -1;
     if (slot >= 0 && FastLaneOpen(set, info) && info->member[rank] && r.error.empty() &&
         SameParams(info->cache->Get(slot)->params, r.params)) {
       AddCached(rank, set, *info, slot, now);  // as if it had sent the slot id

@@ -150,12 +150,15 @@ Status Executor::Allreduce(const Response& r,
     return c->AllreduceScaled(in, out, n, p.dtype, op, post);
   }
   // Every rank lays the tensors out alike, from the response alone (a joined
-  // rank has no entries; one tensor has no padding): each at an aligned
-  // offset, and the reduction ends with the last tensor.
+  // rank has no entries; one tensor has no padding): host tensors each at an
+  // aligned offset, so that outputs can view the buffer; device tensors
+  // packed (the device copies stay one batch), and the reduction ends with
+  // the last tensor.
+  const int64_t align = p.device < 0 ? kFusionAlign : 1;
   std::vector<int64_t> offsets(entries.size());
   int64_t total_bytes = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
-    offsets[i] = (total_bytes + kFusionAlign - 1) / kFusionAlign * kFusionAlign;
+    offsets[i] = (total_bytes + align - 1) / align * align;
     total_bytes = offsets[i] + r.sizes[i] * esize;
   }
   // Host outputs left to us become views of one buffer that the framework
