@@ -31,6 +31,15 @@ std::string PerRank(const std::vector<Request>& by_rank, const std::vector<bool>
   return o.str();
 }
 
+// Rank `rank`'s request for a cached tensor, as if it had sent it in full.
+Request CachedRequest(int rank, const ResponseCache::Entry& e) {
+  Request r;
+  r.rank = rank;
+  r.name = e.name;
+  r.params = e.params;
+  return r;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(int size, const Settings& settings, ResponseCache* cache,
@@ -66,6 +75,10 @@ const Coordinator::SetInfo* Coordinator::Set(int32_t id) const {
   return it == sets_.end() ? nullptr : &it->second;
 }
 
+Coordinator::SetInfo* Coordinator::MutableSet(int32_t id) {
+  return const_cast<SetInfo*>(static_cast<const Coordinator*>(this)->Set(id));
+}
+
 bool Coordinator::Receives(int rank, int32_t set_id) const {
   const SetInfo* info = Set(set_id);
   return info == nullptr || info->member[rank];
@@ -98,8 +111,7 @@ void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now)
   for (size_t i = 0; i < list.cached_ids.size(); ++i) {
     const int32_t id = list.cached_ids[i];
     const int32_t set = i < list.cached_sets.size() ? list.cached_sets[i] : 0;
-    auto sit = sets_.find(set);
-    SetInfo* info = sit == sets_.end() ? nullptr : &sit->second;
+    SetInfo* info = MutableSet(set);
     const ResponseCache::Entry* e =
         info != nullptr && info->cache != nullptr ? info->cache->Get(id) : nullptr;
     if (e == nullptr) {
@@ -111,17 +123,12 @@ void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now)
       AddCached(rank, set, *info, id, now);
       continue;
     }
-    Request r;
-    r.rank = rank;
-    r.name = e->name;
-    r.params = e->params;
-    to_table(std::move(r), info, id);
+    to_table(CachedRequest(rank, *e), info, id);
   }
   for (Request& r : list.requests) {
     r.rank = rank;
     const int32_t set = r.params.process_set_id;
-    auto sit = sets_.find(set);
-    SetInfo* info = sit == sets_.end() ? nullptr : &sit->second;
+    SetInfo* info = MutableSet(set);
     // (Any collective under a cached name: another collective under it is
     // a mismatch the table reports, so the slot's waiting ranks go there.)
     const int32_t slot =
@@ -154,11 +161,7 @@ void Coordinator::AddCached(int rank, int32_t set, SetInfo& info, int32_t slot,
   if (f.in_table) {
     std::string key_buf;
     if (table_.count(TensorKeyRef(set, info.cache->Get(slot)->name, &key_buf))) {
-      Request r;
-      r.rank = rank;
-      r.name = info.cache->Get(slot)->name;
-      r.params = info.cache->Get(slot)->params;
-      Add(std::move(r), now);
+      Add(CachedRequest(rank, *info.cache->Get(slot)), now);
       return;
     }
     f.in_table = false;
@@ -191,12 +194,7 @@ void Coordinator::Demote(int32_t set, SetInfo& info, int32_t slot) {
   f.in_table = true;
   --fast_pending_;
   for (int r = 0; r < size_; ++r) {
-    if (!present[r]) continue;
-    Request q;
-    q.rank = r;
-    q.name = e.name;
-    q.params = e.params;
-    Add(std::move(q), first_seen);  // keeps its age for the stall check
+    if (present[r]) Add(CachedRequest(r, e), first_seen);  // keeps its age for the stall check
   }
 }
 
@@ -726,12 +724,12 @@ ResponseList Coordinator::Compute(Clock::time_point now) {
   bool join_done = false;
   for (const Ready& k : ready) {
     if (k.slot >= 0) {
-      auto sit = sets_.find(k.set);
-      if (sit == sets_.end()) continue;
-      Fast& f = sit->second.fast[k.slot];
+      SetInfo* info = MutableSet(k.set);
+      if (info == nullptr) continue;
+      Fast& f = info->fast[k.slot];
       if (!f.ready) continue;
       // Validated when the slot was assigned; every rank sent these parameters.
-      fuser.PushCached(*sit->second.cache->Get(k.slot), k.slot);
+      fuser.PushCached(*info->cache->Get(k.slot), k.slot);
       f.ready = false;
       f.count = 0;
       --fast_pending_;

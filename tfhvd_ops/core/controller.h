@@ -156,6 +156,7 @@ class Coordinator {
   std::string MissingRanks(const Pending& p) const;
   Response ErrorResponse(const std::string& name, int32_t set, const std::string& msg) const;
   const SetInfo* Set(int32_t id) const;
+  SetInfo* MutableSet(int32_t id);
 
   int size_;
   Settings settings_;
