@@ -25,6 +25,11 @@ Rows (issue 13's table):
 ``--probe-64 N`` only calls the 64-op function N times (for ``TFHVD_LOG_LEVEL=debug``'s round
 lines, or ``perf``; ``scripts/compare_builds.sh`` uses it).
 
+``--large`` runs other collective rows instead: one allreduce (``op=Average``, as gradients
+are averaged) of a tensor the step produces (``t * 2.0``), of 256 KiB, 4 MiB and 16 MiB, over
+the same function without it.  A tensor that only the collective consumes is forwarded to its
+output (the collective runs in place, with no output allocation and no fresh pages).
+
 ``--compare-inline`` runs the collective rows with ``TFHVD_GRAPH_INLINE`` on and off,
 alternating in the same processes: a graph op that was alone in its last round runs
 tfhvd's loop on its own executor thread instead of waking tfhvd's background thread.
@@ -142,6 +147,27 @@ def collective_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callabl
             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
 
 
+def large_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[], object], int]]:
+    """``--large``: one allreduce of a tensor the step produces, as gradients are."""
+    cases = []
+    for kib in (256, 4096, 16384):
+        t = tf.ones([kib * 256], tf.float32)
+
+        @tf.function
+        def produced(t, kib=kib):
+            return hvd.allreduce(t * 2.0, op=hvd.Average, name="probe_large_%d" % kib) + 1.0
+
+        @tf.function
+        def twin(t):
+            return t * 2.0 + 1.0
+
+        size = "%d KiB" % kib if kib < 1024 else "%d MiB" % (kib // 1024)
+        cases.append(("1 x %s allreduce of a tensor the step produces" % size,
+                      lambda f=produced, t=t: f(t), lambda f=twin, t=t: f(t),
+                      reps if kib < 4096 else max(20, reps // 4)))
+    return cases
+
+
 def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]], reps: int,
                       rounds: int, label: str = "") -> None:
     """One table of the collective rows (each the median of its rounds), and the ratio."""
@@ -155,14 +181,14 @@ def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]
                 "(median of %d, slowest rank; median of %d rounds)" % (label, reps, rounds),
                 ("function", "with (us)", "twin (us)", "over twin, paired (us)",
                  "spread of paired (IQR, us)", "over twin, each round (us)"), rows)
-    if hvd.rank() == 0:
+    if hvd.rank() == 0 and "1 x 256 KiB allreduce" in results:
         over = {t: statistics.median(r[2] for r in results[t]) for t in results}
         ratio = over["64 x 4 KiB allreduces"] / over["1 x 256 KiB allreduce"]
         print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
 
 
-def collective_rows(reps: int, rounds: int = 1) -> None:
-    cases = collective_cases(reps)
+def collective_rows(reps: int, rounds: int = 1, large: bool = False) -> None:
+    cases = large_cases(reps) if large else collective_cases(reps)
     results: Dict[str, List[Tuple[float, float, float, float]]] = {t: [] for t, *_ in cases}
     for _ in range(rounds):
         for title, fn, twin, n in cases:
@@ -287,6 +313,9 @@ def main() -> None:
     p.add_argument("--probe-64", type=int, default=0, metavar="N",
                    help="only call the 64 x 4 KiB function N times and print nothing (for "
                         "TFHVD_LOG_LEVEL=debug's round lines, or perf; scripts/compare_builds.sh)")
+    p.add_argument("--large", action="store_true",
+                   help="collective rows of one 256 KiB, 4 MiB and 16 MiB allreduce of a tensor "
+                        "the step produces, instead of issue 13's rows")
     p.add_argument("--compare-inline", action="store_true",
                    help="the collective rows with TFHVD_GRAPH_INLINE=1 and =0, alternating "
                         "in the same processes (re-initialising tfhvd between them)")
@@ -304,7 +333,7 @@ def main() -> None:
     if args.compare_inline:
         compare_inline(args.reps, max(2, args.rounds))
     else:
-        collective_rows(args.reps, args.rounds)
+        collective_rows(args.reps, args.rounds, args.large)
     if not args.skip_mlp:
         for v in (("1", "0") if args.compare_inline else (None,)):
             if v is not None:

@@ -8,7 +8,8 @@
 # example: `git worktree add /tmp/old <commit> && make -C /tmp/old setup`, then
 # OLD=/tmp/old; or a copy of a checkout's tfhvd/ directory).  Each run prints,
 # for OLD then NEW (NEW first on even runs):
-#   * examples/graph_benchmark.py's collective rows (--reps 100 --rounds 2);
+#   * examples/graph_benchmark.py's collective rows (--reps 100 --rounds 2, or
+#     the arguments in $GRAPH_BENCH_ARGS, e.g. "--large --reps 60 --skip-mlp");
 #   * rank 0's negotiation rounds of the 64 x 4 KiB function (300 calls, from
 #     TFHVD_LOG_LEVEL=debug): how many rounds carried all 64 tensors, and the
 #     medians of "negotiation took" and "executed in" over those rounds.
@@ -17,6 +18,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 old="$1"; new="$2"; runs="${3:-3}"
 py="$here/.venv/bin/python"
+read -r -a bench_args <<< "${GRAPH_BENCH_ARGS:---reps 100 --rounds 2 --skip-mlp}"
 mpirun=(mpirun -np 2 --bind-to none --oversubscribe --mca btl_vader_single_copy_mechanism none
         -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
@@ -46,7 +48,7 @@ for ((i = 1; i <= runs; i++)); do
   for dir in "${pair[@]}"; do
     echo "== run $i: $dir ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
     (cd /tmp && "${mpirun[@]}" -x PYTHONPATH="$dir" "$py" "$here/examples/graph_benchmark.py" \
-        --reps 100 --rounds 2 --skip-mlp 2>&1 | grep -E '^\| (1 x|64 x)|over twin /')
+        "${bench_args[@]}" 2>&1 | grep -E '^\| (1 x|64 x)|over twin /')
     (cd /tmp && "${mpirun[@]}" -x PYTHONPATH="$dir" -x TFHVD_LOG_LEVEL=debug "$py" \
         "$here/examples/graph_benchmark.py" --probe-64 300 2>&1 | "$py" -c "$summary")
   done

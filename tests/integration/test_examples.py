@@ -47,6 +47,14 @@ def test_graph_benchmark_prints_its_rows():
     assert "64 x 4 KiB over twin / 1 x 256 KiB over twin" in job.out
 
 
+def test_graph_benchmark_large_rows():
+    job = example("graph_benchmark.py", "--large", "--reps", "8", "--skip-mlp", timeout=300)
+    for size in ("256 KiB", "4 MiB", "16 MiB"):
+        row = "1 x %s allreduce of a tensor the step produces" % size
+        assert re.search(r"\| %s \| [\d.]+ \| [\d.]+ \|" % re.escape(row), job.out), job.explain()
+    assert "64 x 4 KiB" not in job.out, job.explain()
+
+
 def test_tensorflow_digits_trains():
     job = example("tensorflow_digits.py", "--epochs", "1")
     assert re.search(r"epoch 1\b.*loss", job.out, re.IGNORECASE), job.explain()

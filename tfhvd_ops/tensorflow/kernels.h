@@ -70,24 +70,36 @@ inline core::Shape ToCore(const TensorShape& s) {
   return out;
 }
 
-// A TF tensor seen by the core.  Holding the Tensor keeps its buffer alive.
+// A TF tensor seen by the core.  An owning TFTensor holds a reference, which
+// keeps the buffer alive.  A borrowed one points at a kernel's input, which
+// the kernel's context owns until done(): the runtime reads inputs only
+// before the entry's callback.  Borrowing adds no reference, so TensorFlow
+// can still forward the input's buffer to the output (RefCountIsOne).
 class TFTensor : public core::Tensor {
  public:
-  explicit TFTensor(const tensorflow::Tensor& t) : t_(t), shape_(ToCore(t.shape())) {
-    ToCore(t.dtype(), &dtype_).IgnoreError();
+  explicit TFTensor(const tensorflow::Tensor& t) : own_(t), t_(&own_) { Describe(); }
+  static std::shared_ptr<TFTensor> Borrow(const tensorflow::Tensor& t) {
+    return std::shared_ptr<TFTensor>(new TFTensor(&t));
   }
   core::DataType dtype() const override { return dtype_; }
   const core::Shape& shape() const override { return shape_; }
-  const void* data() const override { return t_.tensor_data().data(); }
-  void* mutable_data() override { return const_cast<char*>(t_.tensor_data().data()); }
-  int64_t size_bytes() const override { return static_cast<int64_t>(t_.tensor_data().size()); }
+  const void* data() const override { return t_->tensor_data().data(); }
+  void* mutable_data() override { return const_cast<char*>(t_->tensor_data().data()); }
+  int64_t size_bytes() const override { return static_cast<int64_t>(t_->tensor_data().size()); }
   std::shared_ptr<core::ReadyEvent> ready_event() const override { return event_; }
-  const tensorflow::Tensor& tf() const { return t_; }
+  const tensorflow::Tensor& tf() const { return *t_; }
   // GPU kernels: when TF's stream has produced or allocated the tensor.
   void set_ready_event(std::shared_ptr<core::ReadyEvent> e) { event_ = std::move(e); }
 
  private:
-  tensorflow::Tensor t_;
+  explicit TFTensor(const tensorflow::Tensor* borrowed) : t_(borrowed) { Describe(); }
+  void Describe() {
+    shape_ = ToCore(t_->shape());
+    ToCore(t_->dtype(), &dtype_).IgnoreError();
+  }
+
+  tensorflow::Tensor own_;        // empty when borrowed
+  const tensorflow::Tensor* t_;   // &own_, or the kernel's input
   core::Shape shape_;
   core::DataType dtype_ = core::DataType::kFloat32;
   std::shared_ptr<core::ReadyEvent> event_;
@@ -282,7 +294,8 @@ class HorovodOp : public AsyncOpKernel {
     const Tensor& in = ctx->input(i);
     TF_RETURN_IF_ERROR(ToCore(in.dtype(), &e->params.dtype));
     e->params.shape = ToCore(in.shape());
-    e->input = std::make_shared<TFTensor>(in);
+    // Borrowed, so that forward_input_or_allocate_output can forward it.
+    e->input = TFTensor::Borrow(in);
     // A host allreduce's output is placed when it runs (OpContext): in the
     // input's buffer, or as a view of the fused buffer.
     if (type_ == core::CollectiveType::kAllreduce && PlacesOutputsLater()) {
