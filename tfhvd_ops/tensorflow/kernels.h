@@ -223,6 +223,12 @@ class HorovodOp : public AsyncOpKernel {
     }
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &params_.root_rank));
     params_.type = type;
+    std::string n = tensor_name_.empty() ? name() : tensor_name_;
+    if (ignore_name_scope_) {
+      auto pos = n.find_last_of('/');
+      if (pos != std::string::npos) n = n.substr(pos + 1);
+    }
+    base_name_ = std::move(n);
   }
 
   // ComputeAsync only enqueues: running it inline in the executor is cheaper
@@ -309,19 +315,15 @@ class HorovodOp : public AsyncOpKernel {
     return absl::OkStatus();
   }
 
-  std::string BaseName() const {
-    std::string n = tensor_name_.empty() ? name() : tensor_name_;
-    if (ignore_name_scope_) {
-      auto pos = n.find_last_of('/');
-      if (pos != std::string::npos) n = n.substr(pos + 1);
-    }
-    return n;
-  }
+  // The collective's name: the tensor_name attribute, or the node's name
+  // (without its scope under ignore_name_scope); fixed when the kernel is made.
+  const std::string& BaseName() const { return base_name_; }
 
   core::CollectiveType type_;
   core::CollectiveParams params_;
   bool ignore_name_scope_ = false;
   std::string tensor_name_;
+  std::string base_name_;
 };
 
 #define TFHVD_SIMPLE_KERNEL(CLASS, TYPE)                                       \
