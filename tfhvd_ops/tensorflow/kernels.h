@@ -198,10 +198,17 @@ class HorovodOp : public AsyncOpKernel {
  public:
   explicit HorovodOp(OpKernelConstruction* c, core::CollectiveType type)
       : AsyncOpKernel(c), type_(type) {
+    bool ignore_name_scope = false;
     if (c->HasAttr("ignore_name_scope")) {
-      OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope_));
+      OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope));
     }
-    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    std::string tensor_name;
+    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name));
+    base_name_ = tensor_name.empty() ? name() : tensor_name;
+    if (ignore_name_scope) {
+      auto pos = base_name_.find_last_of('/');
+      if (pos != std::string::npos) base_name_ = base_name_.substr(pos + 1);
+    }
     if (c->HasAttr("process_set_id")) {
       // Checked when the op runs (Runtime::Enqueue): sets change at run time.
       OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &params_.process_set_id));
@@ -223,12 +230,6 @@ class HorovodOp : public AsyncOpKernel {
     }
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &params_.root_rank));
     params_.type = type;
-    std::string n = tensor_name_.empty() ? name() : tensor_name_;
-    if (ignore_name_scope_) {
-      auto pos = n.find_last_of('/');
-      if (pos != std::string::npos) n = n.substr(pos + 1);
-    }
-    base_name_ = std::move(n);
   }
 
   // ComputeAsync only enqueues: running it inline in the executor is cheaper
@@ -321,8 +322,6 @@ class HorovodOp : public AsyncOpKernel {
 
   core::CollectiveType type_;
   core::CollectiveParams params_;
-  bool ignore_name_scope_ = false;
-  std::string tensor_name_;
   std::string base_name_;
 };
 
