@@ -270,3 +270,22 @@ def test_clean_exit_without_explicit_shutdown():
     assert out.returncode == 0, out.stderr
     assert "done" in out.stdout
     assert "exited improperly" not in out.stderr
+
+
+def test_benchmark_reference_op_returns_its_input():
+    """TfhvdAsyncIdentity, the benchmarks' floor (graph_benchmark --floor, the eager
+    breakdown): an asynchronous op with HorovodAllreduce's attrs that returns its input,
+    eagerly and inside a tf.function, and moves no data between ranks."""
+    from tfhvd.tensorflow import mpi_ops
+
+    op = mpi_ops._ops().tfhvd_async_identity
+    x = tf.constant([[1.5, -2.0], [3.0, 4.25]])
+    np.testing.assert_array_equal(op(x, reduce_op=hvd.Sum, tensor_name="ref").numpy(), x.numpy())
+
+    @tf.function
+    def split_and_join(t):
+        return tf.concat([op(p) for p in tf.split(t, 2)], 0)
+
+    np.testing.assert_array_equal(split_and_join(x).numpy(), x.numpy())
+    assert "TfhvdAsyncIdentity" in {
+        n.op for n in split_and_join.get_concrete_function(x).graph.as_graph_def().node}

@@ -99,6 +99,17 @@ class TopologyOp : public OpKernel {
 TFHVD_TOPOLOGY_KERNEL(LocalSizeOp, "HorovodLocalSize", t.local_size)
 TFHVD_TOPOLOGY_KERNEL(LocalRankOp, "HorovodLocalRank", t.local_rank)
 
+// The benchmark reference of ops.cc: TensorFlow's own cost of an asynchronous node.
+class AsyncIdentityOp : public AsyncOpKernel {
+ public:
+  explicit AsyncIdentityOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    ctx->set_output(0, ctx->input(0));
+    done();
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfhvdAsyncIdentity").Device(DEVICE_CPU), AsyncIdentityOp);
+
 REGISTER_KERNEL_BUILDER(Name("HorovodAllreduce").Device(DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodGroupedAllreduce").Device(DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodAllgather").Device(DEVICE_CPU), AllgatherOp);

@@ -197,5 +197,23 @@ REGISTER_OP("HorovodRank")
     .SetShapeFn(shape_inference::ScalarShape);
 TFHVD_TOPOLOGY_OP("HorovodLocalRank", "local_rank");
 
+// Not Horovod's: a benchmark reference.  An asynchronous kernel with
+// HorovodAllreduce's signature (its attrs, defaulted) that returns its input and
+// completes at once: what TensorFlow alone charges for running such an op, the
+// floor a runtime that cost nothing would measure (examples/graph_benchmark.py
+// --floor, examples/allreduce_benchmark.py --eager-breakdown).
+REGISTER_OP("TfhvdAsyncIdentity")
+    .Attr("T: type")
+    .Attr("reduce_op: int = 0")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("ignore_name_scope: bool = False")
+    .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
+    .Input("tensor: T")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::UnchangedShape);
+
 }  // namespace
 }  // namespace tensorflow
