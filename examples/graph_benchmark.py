@@ -30,6 +30,16 @@ are averaged) of a tensor the step produces (``t * 2.0``), of 256 KiB, 4 MiB and
 the same function without it.  A tensor that only the collective consumes is forwarded to its
 output (the collective runs in place, with no output allocation and no fresh pages).
 
+``--floor`` runs issue 13's collective rows beside what any implementation of the same
+graph must pay on this machine: mpi4py's ``Allreduce`` of 1 KiB and 256 KiB called from the
+step (a ``tf.numpy_function``, over the same function whose ``numpy_function`` only copies,
+so the rows hold the transport and the ranks' meeting, not Python's call), and TensorFlow's
+cost of 64 more nodes in the step: 64 ``AddV2``, and 64 asynchronous nodes that complete at
+once (``TfhvdAsyncIdentity``, a reference op of the library), each over the plain twin.
+The 64 asynchronous nodes plus mpi4py's 256 KiB ``Allreduce`` from the step are the floor
+of the 64-op row and of its ratio to one 256 KiB allreduce: a runtime that cost nothing
+would still measure them.
+
 ``--compare-inline`` runs the collective rows with ``TFHVD_GRAPH_INLINE`` on and off,
 alternating in the same processes: a graph op that was alone in its last round runs
 tfhvd's loop on its own executor thread instead of waking tfhvd's background thread.
@@ -50,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfhvd.tensorflow as hvd
+from tfhvd.tensorflow import mpi_ops
 
 
 def _sync() -> None:
@@ -147,6 +158,75 @@ def collective_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callabl
             ("1 x 256 KiB allreduce", lambda: one_big(big), lambda: plus_one_twin(big), reps)]
 
 
+def floor_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[], object], int]]:
+    """``--floor``: the raw transport called from the step, and TensorFlow's 64 more nodes."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+
+    def raw_allreduce(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=MPI.SUM)
+        return out
+
+    def copy(x: np.ndarray) -> np.ndarray:
+        return np.array(x)  # the same call and output allocation, no transport
+
+    small = tf.ones([256], tf.float32)
+    big = tf.ones([64 * 1024], tf.float32)
+
+    def step(body: Callable[[np.ndarray], np.ndarray]) -> Callable[[tf.Tensor], tf.Tensor]:
+        @tf.function
+        def f(t):
+            out = tf.numpy_function(body, [t], tf.float32, stateful=True)
+            return tf.reshape(out, tf.shape(t)) + 1.0
+        return f
+
+    raw, copied = step(raw_allreduce), step(copy)
+    async_identity = mpi_ops._ops().tfhvd_async_identity
+
+    @tf.function
+    def many_async(t):
+        return tf.concat([async_identity(p) for p in tf.split(t, 64)], 0)
+
+    ours = collective_cases(reps)
+    plain_twin, add_twin = ours[1][2], ours[2][2]  # the 64-op row's two twins
+    return [t for t in ours if t[0] != "64 x 4 KiB allreduces, over a twin of 64 adds"] + [
+        (RAW_1K, lambda: raw(small), lambda: copied(small), reps),
+        (RAW_256K, lambda: raw(big), lambda: copied(big), reps),
+        (NODES_64, add_twin, plain_twin, max(20, reps // 2)),
+        (ASYNC_64, lambda: many_async(big), plain_twin, max(20, reps // 2))]
+
+
+RAW_1K = "raw 1 KiB Allreduce in the step"
+RAW_256K = "raw 256 KiB Allreduce in the step"
+NODES_64 = "TensorFlow's 64 more nodes (64 adds over the plain twin)"
+ASYNC_64 = "TensorFlow's 64 asynchronous nodes (64 TfhvdAsyncIdentity over the plain twin)"
+
+
+def print_floor(results: Dict[str, List[Tuple[float, float, float, float]]]) -> None:
+    """The floor of the 64-op row and of its ratio, beside tfhvd's, from ``--floor``'s rows."""
+    if hvd.rank() != 0:
+        return
+    over = {t: statistics.median(r[2] for r in results[t]) for t in results}
+    ours_64, ours_256 = over["64 x 4 KiB allreduces"], over["1 x 256 KiB allreduce"]
+    # The raw transport called from the step (ranks meeting included); tfhvd's own
+    # 256 KiB row is often below the twin's noise, so it would make no denominator.
+    transport = max(over[RAW_256K], 1e-6)
+    floor_64 = over[ASYNC_64] + transport
+    us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
+    print_table("The floor: what the same graph costs with the raw transport and no runtime",
+                ("figure", "floor (us or ratio)", "tfhvd (us or ratio)", "target"),
+                [("1 x 1 KiB over its twin", us(over[RAW_1K]),
+                  us(over["1 x 1 KiB allreduce"]), "<= 30 us"),
+                 ("64 x 4 KiB over the plain twin (64 async nodes + 256 KiB transport)",
+                  us(floor_64), us(ours_64), "<= 260 us"),
+                 ("1 x 256 KiB over its twin", us(transport), us(ours_256), ""),
+                 ("64 x 4 KiB / 1 x 256 KiB", "%.2f" % (floor_64 / transport),
+                  "%.2f" % (ours_64 / ours_256) if ours_256 > 0 else "n/a (256 KiB <= 0)",
+                  "<= 1.5")])
+
+
 def large_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[], object], int]]:
     """``--large``: one allreduce of a tensor the step produces, as gradients are."""
     cases = []
@@ -187,13 +267,17 @@ def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]
         print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
 
 
-def collective_rows(reps: int, rounds: int = 1, large: bool = False) -> None:
-    cases = large_cases(reps) if large else collective_cases(reps)
+def collective_rows(reps: int, rounds: int = 1, large: bool = False,
+                    floor: bool = False) -> None:
+    cases = (large_cases(reps) if large else floor_cases(reps) if floor
+             else collective_cases(reps))
     results: Dict[str, List[Tuple[float, float, float, float]]] = {t: [] for t, *_ in cases}
     for _ in range(rounds):
         for title, fn, twin, n in cases:
             results[title].append(paired(fn, twin, n))
     print_collectives(results, reps, rounds)
+    if floor:
+        print_floor(results)
 
 
 def reinit(graph_inline: str) -> None:
@@ -316,6 +400,9 @@ def main() -> None:
     p.add_argument("--large", action="store_true",
                    help="collective rows of one 256 KiB, 4 MiB and 16 MiB allreduce of a tensor "
                         "the step produces, instead of issue 13's rows")
+    p.add_argument("--floor", action="store_true",
+                   help="issue 13's collective rows beside the raw transport called from the "
+                        "step and TensorFlow's 64 more nodes: the floor of the 64-op row")
     p.add_argument("--compare-inline", action="store_true",
                    help="the collective rows with TFHVD_GRAPH_INLINE=1 and =0, alternating "
                         "in the same processes (re-initialising tfhvd between them)")
@@ -333,7 +420,7 @@ def main() -> None:
     if args.compare_inline:
         compare_inline(args.reps, max(2, args.rounds))
     else:
-        collective_rows(args.reps, args.rounds, args.large)
+        collective_rows(args.reps, args.rounds, args.large, args.floor)
     if not args.skip_mlp:
         for v in (("1", "0") if args.compare_inline else (None,)):
             if v is not None:
