@@ -10,11 +10,17 @@ raw call right after it, which cancels slow drifts of a shared machine).  It als
 one tensor of their total size, and a raw mpi4py Allreduce while tfhvd is
 initialised but idle against the same call with tfhvd shut down.
 
-``--eager-breakdown`` splits one eager 1 KiB allreduce into its parts, four
-calls interleaved in the same processes: ``hvd.allreduce``; the library's op
-called directly (no tfhvd Python); a TensorFlow eager op on the same tensor
-(``tf.raw_ops.AddV2``: TensorFlow's own cost of running one op eagerly, which
-TensorFlow 2.21 always runs as a one-op function); and mpi4py's ``Allreduce``.
+``--eager-breakdown`` splits one eager allreduce into its parts, four calls
+interleaved in the same processes: ``hvd.allreduce``; the library's op called
+directly (no tfhvd Python); the library's reference op ``TfhvdAsyncIdentity``
+called the same way (HorovodAllreduce's attrs, asynchronous, returns its input
+at once: TensorFlow's own cost of dispatching that op eagerly, which TensorFlow
+2.21 always runs as a one-op function); and mpi4py's ``Allreduce``.  Each repeat
+starts the four at a different place in that order, so each follows mpi4py's call
+(which streams the tensor through the caches) equally often.  The last row is the
+ceiling of raw/tfhvd at that size, transport / (transport + dispatch): the ratio a
+runtime that cost nothing would show.  ``--breakdown-kib N`` sets the size (1 KiB by default; 1024
+for the 1 MiB row of issue 13).
 """
 
 import argparse
@@ -96,29 +102,33 @@ def size_table(reps: int, max_bytes: int) -> None:
         n *= 4
 
 
-def eager_breakdown(reps: int) -> None:
-    """One eager 1 KiB allreduce, split into tfhvd's Python, TensorFlow's eager
-    dispatch, tfhvd's runtime and the transport (medians of interleaved calls)."""
+def eager_breakdown(reps: int, kib: int = 1) -> None:
+    """One eager allreduce of ``kib`` KiB, split into tfhvd's Python, TensorFlow's
+    eager dispatch, tfhvd's runtime and the transport (medians of interleaved calls),
+    and the ceiling of raw/tfhvd that TensorFlow's dispatch leaves at that size."""
     from tfhvd.tensorflow import mpi_ops
 
-    op = mpi_ops._ops().horovod_allreduce
-    x = tf.ones([256], tf.float32)
-    src = np.ones(256, np.float32)
+    op, reference = mpi_ops._ops().horovod_allreduce, mpi_ops._ops().tfhvd_async_identity
+    x = tf.ones([kib * 256], tf.float32)
+    src = np.ones(kib * 256, np.float32)
     dst = np.empty_like(src)
     calls = {
         "hvd.allreduce(x, op=hvd.Sum)": lambda: hvd.allreduce(x, op=hvd.Sum, name="bench"),
         "the library's op, called directly": lambda: op(
             x, reduce_op=hvd.Sum, prescale_factor=1.0, postscale_factor=1.0,
             ignore_name_scope=False, tensor_name="bench", process_set_id=0),
-        "tf.raw_ops.AddV2(x, x), no collective": lambda: tf.raw_ops.AddV2(x=x, y=x),
+        "the reference op, called the same way": lambda: reference(
+            x, reduce_op=hvd.Sum, prescale_factor=1.0, postscale_factor=1.0,
+            ignore_name_scope=False, tensor_name="bench", process_set_id=0),
         "mpi4py Allreduce": lambda: COMM.Allreduce(src, dst, op=MPI.SUM),
     }
     for fn in calls.values():
         for _ in range(20):
             fn()
     times: dict = {k: [] for k in calls}
-    for _ in range(reps):
-        for k, fn in calls.items():
+    order = list(calls.items())
+    for i in range(reps):
+        for k, fn in order[i % 4:] + order[:i % 4]:
             times[k].append(timed(fn))
     med = {k: COMM.allreduce(statistics.median(v), op=MPI.MAX) for k, v in times.items()}
     hvd_t, op_t, tf_t, raw_t = (med[k] for k in calls)
@@ -127,9 +137,11 @@ def eager_breakdown(reps: int) -> None:
              ("= TensorFlow's eager dispatch (third)", "%.1f" % (tf_t * 1e6)),
              ("= tfhvd's runtime (second - third - fourth)",
               "%.1f" % ((op_t - tf_t - raw_t) * 1e6)),
-             ("= the transport (fourth)", "%.1f" % (raw_t * 1e6))]
-    print_table("One eager 1 KiB allreduce, broken down (median of %d interleaved calls, "
-                "slowest rank)" % reps, ("call", "median (us)"), rows)
+             ("= the transport (fourth)", "%.1f" % (raw_t * 1e6)),
+             ("raw/tfhvd measured: fourth / first", "%.2f" % (raw_t / hvd_t)),
+             ("raw/tfhvd ceiling: fourth / (fourth + third)", "%.2f" % (raw_t / (raw_t + tf_t)))]
+    print_table("One eager %s allreduce, broken down (median of %d interleaved calls, "
+                "slowest rank)" % (human(kib * 1024), reps), ("call", "median (us)"), rows)
 
 
 def many_small(reps: int) -> None:
@@ -199,14 +211,16 @@ def main() -> None:
     p.add_argument("--max-mib", type=int, default=64, help="largest size in MiB")
     p.add_argument("--skip-idle", action="store_true", help="skip the idle-interference test")
     p.add_argument("--eager-breakdown", action="store_true",
-                   help="only the breakdown of one eager 1 KiB allreduce")
+                   help="only the breakdown of one eager allreduce (--breakdown-kib)")
+    p.add_argument("--breakdown-kib", type=int, default=1,
+                   help="the size of --eager-breakdown's tensor, in KiB")
     args = p.parse_args()
     hvd.init()
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, %s" % (hvd.__version__, hvd.size(),
                                                         tf.__version__, MPI.Get_library_version().splitlines()[0]))
     if args.eager_breakdown:
-        eager_breakdown(max(50, args.reps))
+        eager_breakdown(max(50, args.reps), args.breakdown_kib)
         return
     size_table(args.reps, args.max_mib << 20)
     many_small(max(20, args.reps // 4))
