@@ -18,6 +18,11 @@ def example(name: str, *args: str, timeout: float = 240):
     return job
 
 
+def row_value(out: str, label: str) -> float:
+    """The number in the table row that starts with ``label``."""
+    return float(re.search(r"\| %s[^|]*\| (-?[\d.]+) \|" % re.escape(label), out).group(1))
+
+
 def test_allreduce_benchmark_prints_its_tables():
     job = example("allreduce_benchmark.py", "--reps", "5", "--max-mib", "1")
     rows = re.findall(r"\| (\d+ [KM]iB) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", job.out)
@@ -30,13 +35,24 @@ def test_allreduce_benchmark_prints_its_tables():
 
 def test_allreduce_benchmark_eager_breakdown_adds_up():
     job = example("allreduce_benchmark.py", "--eager-breakdown", "--reps", "50")
-    value = lambda label: float(re.search(r"\| %s[^|]*\| (-?[\d.]+) \|" % re.escape(label),
-                                          job.out).group(1))  # noqa: E731
+    value = lambda label: row_value(job.out, label)  # noqa: E731
     total = value("hvd.allreduce(x, op=hvd.Sum)")
     parts = [value("= tfhvd's Python"), value("= TensorFlow's eager dispatch"),
              value("= tfhvd's runtime"), value("= the transport")]
     assert value("= the transport") > 0 and value("= TensorFlow's eager dispatch") > 0, job.out
     assert abs(sum(parts) - total) < 0.3, (parts, total, job.out)
+
+
+def test_allreduce_benchmark_breakdown_ceiling_at_1_mib():
+    """--breakdown-kib sets the size; the ceiling row is transport / (transport +
+    TensorFlow's dispatch of the reference op), so it lies in (0, 1)."""
+    job = example("allreduce_benchmark.py", "--eager-breakdown", "--reps", "50",
+                  "--breakdown-kib", "1024")
+    assert "One eager 1 MiB allreduce, broken down" in job.out, job.explain()
+    value = lambda label: row_value(job.out, label)  # noqa: E731
+    ceiling = value("raw/tfhvd ceiling")
+    assert 0 < ceiling < 1 and 0 < value("raw/tfhvd measured"), job.out
+    assert value("the reference op, called the same way") > 0, job.out
 
 
 def test_graph_benchmark_prints_its_rows():
@@ -45,6 +61,20 @@ def test_graph_benchmark_prints_its_rows():
                 "64 x 4 KiB allreduces, over a twin of 64 adds", "1 x 256 KiB allreduce"):
         assert re.search(r"\| %s \| [\d.]+ \| [\d.]+ \|" % re.escape(row), job.out), job.explain()
     assert "64 x 4 KiB over twin / 1 x 256 KiB over twin" in job.out
+
+
+def test_graph_benchmark_floor_rows():
+    """--floor: issue 13's rows beside the raw transport called from the step and
+    TensorFlow's 64 more nodes, and the floor table built from them."""
+    job = example("graph_benchmark.py", "--floor", "--reps", "10", "--skip-mlp", timeout=300)
+    for row in ("1 x 1 KiB allreduce", "64 x 4 KiB allreduces", "1 x 256 KiB allreduce",
+                "raw 1 KiB Allreduce in the step", "raw 256 KiB Allreduce in the step",
+                "TensorFlow's 64 more nodes (64 adds over the plain twin)",
+                "TensorFlow's 64 asynchronous nodes (64 TfhvdAsyncIdentity over the plain twin)"):
+        assert re.search(r"\| %s \| [\d.]+ \| [\d.]+ \|" % re.escape(row), job.out), job.explain()
+    assert "## The floor: what the same graph costs" in job.out, job.explain()
+    m = re.search(r"\| 64 x 4 KiB / 1 x 256 KiB \| (-?[\d.]+) \| (-?[\d.]+) \| <= 1.5 \|", job.out)
+    assert m, job.explain()
 
 
 def test_graph_benchmark_large_rows():
