@@ -1,4 +1,4 @@
-"""The two places where tfhvd changes Keras's own classes, installed on first use.
+"""The three places where tfhvd changes Keras's own classes, installed on first use.
 
 1. **XLA off for models that hold collectives.**  tfhvd's collectives are
    asynchronous TensorFlow kernels without an XLA lowering, so a train step
@@ -16,7 +16,16 @@
    enter the reduction.  ``check_finite`` is wrapped so that the decision is the
    logical AND over ranks (one scalar allreduce per step).
 
-Both wrappers leave models and optimizers that do not use tfhvd untouched.
+3. **Horovod's ``compile(experimental_run_tf_function=False)`` under Keras 3.**
+   Horovod's documentation and its Keras examples pass that argument to
+   ``compile`` (TF 2.x's Keras took it; Keras 3 rejects any unknown argument).
+   Keras 3 always runs ``fit``'s step as a ``tf.function`` whose gradients go
+   through the optimizer, which is what the argument asked for, so when the
+   optimizer is a tfhvd ``DistributedOptimizer`` the wrapped ``compile`` drops it
+   with a warning, and Horovod's programs compile unchanged.  Any other model
+   still gets Keras's own error.
+
+The wrappers leave models and optimizers that do not use tfhvd untouched.
 """
 
 import functools
@@ -39,8 +48,11 @@ def install(flavor: str) -> None:
         from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
         from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
+        from keras.src.trainers.trainer import Trainer
+
         _wrap(TensorFlowTrainer, "make_train_function", _make_train_function_keras3)
         _wrap(LossScaleOptimizer, "check_finite", _check_finite)
+        _wrap(Trainer, "compile", _compile_keras3)
     else:
         from tf_keras.src.engine.training import Model
 
@@ -85,6 +97,28 @@ def _make_train_function_keras3(original: Callable) -> Callable:
         return original(self, force=force)
 
     return make_train_function
+
+
+# TF 2.x Keras's compile arguments that Horovod's programs pass and Keras 3 removed.
+_HOROVOD_COMPILE_ARGS = ("experimental_run_tf_function",)
+
+
+def _compile_keras3(original: Callable) -> Callable:
+    def compile(self, *args, **kwargs):
+        from tfhvd._keras.optimizer import is_distributed
+
+        optimizer = kwargs.get("optimizer", args[0] if args else None)
+        dropped = [k for k in _HOROVOD_COMPILE_ARGS if k in kwargs]
+        if dropped and is_distributed(optimizer):
+            for k in dropped:
+                kwargs.pop(k)
+            warnings.warn("tfhvd: compile(%s) is an argument of TF 2.x's Keras that Keras 3 "
+                          "removed; ignored (Keras 3 runs the train step as a tf.function "
+                          "through the DistributedOptimizer)" % ", ".join(dropped),
+                          UserWarning, stacklevel=2)
+        return original(self, *args, **kwargs)
+
+    return compile
 
 
 def _make_train_function_legacy(original: Callable) -> Callable:
