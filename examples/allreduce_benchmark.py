@@ -16,14 +16,15 @@ directly (no tfhvd Python); the library's reference op ``TfhvdAsyncIdentity``
 called the same way (HorovodAllreduce's attrs, asynchronous, returns its input
 at once: TensorFlow's own cost of dispatching that op eagerly, which TensorFlow
 2.21 always runs as a one-op function); and mpi4py's ``Allreduce``.  Each repeat
-starts the four at a different place in that order, so each follows mpi4py's call
-(which streams the tensor through the caches) equally often.  The last row is the
+runs the four in a shuffled order (the same on every rank), so each follows
+mpi4py's call (which streams the tensor through the caches) about equally often.  The last row is the
 ceiling of raw/tfhvd at that size, transport / (transport + dispatch): the ratio a
 runtime that cost nothing would show.  ``--breakdown-kib N`` sets the size (1 KiB by default; 1024
 for the 1 MiB row of issue 13).
 """
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -127,8 +128,10 @@ def eager_breakdown(reps: int, kib: int = 1) -> None:
             fn()
     times: dict = {k: [] for k in calls}
     order = list(calls.items())
-    for i in range(reps):
-        for k, fn in order[i % 4:] + order[:i % 4]:
+    shuffle = random.Random(13).shuffle  # the same order on every rank
+    for _ in range(reps):
+        shuffle(order)
+        for k, fn in order:
             times[k].append(timed(fn))
     med = {k: COMM.allreduce(statistics.median(v), op=MPI.MAX) for k, v in times.items()}
     hvd_t, op_t, tf_t, raw_t = (med[k] for k in calls)

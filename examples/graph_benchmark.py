@@ -212,8 +212,9 @@ def print_floor(results: Dict[str, List[Tuple[float, float, float, float]]]) -> 
     ours_64, ours_256 = over["64 x 4 KiB allreduces"], over["1 x 256 KiB allreduce"]
     # The raw transport called from the step (ranks meeting included); tfhvd's own
     # 256 KiB row is often below the twin's noise, so it would make no denominator.
-    transport = max(over[RAW_256K], 1e-6)
+    transport = over[RAW_256K]
     floor_64 = over[ASYNC_64] + transport
+    ratio = lambda a, b: "%.2f" % (a / b) if b > 0 else "n/a (256 KiB <= 0)"  # noqa: E731
     us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
     print_table("The floor: what the same graph costs with the raw transport and no runtime",
                 ("figure", "floor (us or ratio)", "tfhvd (us or ratio)", "target"),
@@ -222,9 +223,8 @@ def print_floor(results: Dict[str, List[Tuple[float, float, float, float]]]) -> 
                  ("64 x 4 KiB over the plain twin (64 async nodes + 256 KiB transport)",
                   us(floor_64), us(ours_64), "<= 260 us"),
                  ("1 x 256 KiB over its twin", us(transport), us(ours_256), ""),
-                 ("64 x 4 KiB / 1 x 256 KiB", "%.2f" % (floor_64 / transport),
-                  "%.2f" % (ours_64 / ours_256) if ours_256 > 0 else "n/a (256 KiB <= 0)",
-                  "<= 1.5")])
+                 ("64 x 4 KiB / 1 x 256 KiB", ratio(floor_64, transport),
+                  ratio(ours_64, ours_256), "<= 1.5")])
 
 
 def large_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[], object], int]]:
@@ -397,13 +397,14 @@ def main() -> None:
     p.add_argument("--probe-64", type=int, default=0, metavar="N",
                    help="only call the 64 x 4 KiB function N times and print nothing (for "
                         "TFHVD_LOG_LEVEL=debug's round lines, or perf; scripts/compare_builds.sh)")
-    p.add_argument("--large", action="store_true",
+    rows = p.add_mutually_exclusive_group()
+    rows.add_argument("--large", action="store_true",
                    help="collective rows of one 256 KiB, 4 MiB and 16 MiB allreduce of a tensor "
                         "the step produces, instead of issue 13's rows")
-    p.add_argument("--floor", action="store_true",
+    rows.add_argument("--floor", action="store_true",
                    help="issue 13's collective rows beside the raw transport called from the "
                         "step and TensorFlow's 64 more nodes: the floor of the 64-op row")
-    p.add_argument("--compare-inline", action="store_true",
+    rows.add_argument("--compare-inline", action="store_true",
                    help="the collective rows with TFHVD_GRAPH_INLINE=1 and =0, alternating "
                         "in the same processes (re-initialising tfhvd between them)")
     args = p.parse_args()

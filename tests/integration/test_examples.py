@@ -73,7 +73,9 @@ def test_graph_benchmark_floor_rows():
                 "TensorFlow's 64 asynchronous nodes (64 TfhvdAsyncIdentity over the plain twin)"):
         assert re.search(r"\| %s \| [\d.]+ \| [\d.]+ \|" % re.escape(row), job.out), job.explain()
     assert "## The floor: what the same graph costs" in job.out, job.explain()
-    m = re.search(r"\| 64 x 4 KiB / 1 x 256 KiB \| (-?[\d.]+) \| (-?[\d.]+) \| <= 1.5 \|", job.out)
+    # tfhvd's own 256 KiB row can fall below its twin's noise on a busy machine: "n/a".
+    m = re.search(r"\| 64 x 4 KiB / 1 x 256 KiB \| (-?[\d.]+|n/a[^|]*) \| (-?[\d.]+|n/a[^|]*) "
+                  r"\| <= 1.5 \|", job.out)
     assert m, job.explain()
 
 
