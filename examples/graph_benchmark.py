@@ -208,14 +208,13 @@ def print_floor(results: Dict[str, List[Tuple[float, float, float, float]]]) -> 
     """The floor of the 64-op row and of its ratio, beside tfhvd's, from ``--floor``'s rows."""
     if hvd.rank() != 0:
         return
-    over = {t: statistics.median(r[2] for r in results[t]) for t in results}
+    over = _over_twin(results)
     ours_64, ours_256 = over["64 x 4 KiB allreduces"], over["1 x 256 KiB allreduce"]
     # The raw transport called from the step (ranks meeting included); tfhvd's own
     # 256 KiB row is often below the twin's noise, so it would make no denominator.
     transport = over[RAW_256K]
     floor_64 = over[ASYNC_64] + transport
     ratio = lambda a, b: "%.2f" % (a / b) if b > 0 else "n/a (256 KiB <= 0)"  # noqa: E731
-    us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
     print_table("The floor: what the same graph costs with the raw transport and no runtime",
                 ("figure", "floor (us or ratio)", "tfhvd (us or ratio)", "target"),
                 [("1 x 1 KiB over its twin", us(over[RAW_1K]),
@@ -248,10 +247,19 @@ def large_cases(reps: int) -> List[Tuple[str, Callable[[], object], Callable[[],
     return cases
 
 
+def us(seconds: float) -> str:
+    """Seconds as a table cell in microseconds."""
+    return "%.1f" % (seconds * 1e6)
+
+
+def _over_twin(results: Dict[str, List[Tuple[float, float, float, float]]]) -> Dict[str, float]:
+    """Each row's paired difference over its twin, the median of its rounds (seconds)."""
+    return {t: statistics.median(r[2] for r in results[t]) for t in results}
+
+
 def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]], reps: int,
                       rounds: int, label: str = "") -> None:
     """One table of the collective rows (each the median of its rounds), and the ratio."""
-    us = lambda s: "%.1f" % (s * 1e6)  # noqa: E731
     rows = []
     for title, per_round in results.items():
         r = [statistics.median(x) for x in zip(*per_round)]
@@ -262,7 +270,7 @@ def print_collectives(results: Dict[str, List[Tuple[float, float, float, float]]
                 ("function", "with (us)", "twin (us)", "over twin, paired (us)",
                  "spread of paired (IQR, us)", "over twin, each round (us)"), rows)
     if hvd.rank() == 0 and "1 x 256 KiB allreduce" in results:
-        over = {t: statistics.median(r[2] for r in results[t]) for t in results}
+        over = _over_twin(results)
         ratio = over["64 x 4 KiB allreduces"] / over["1 x 256 KiB allreduce"]
         print("\n64 x 4 KiB over twin / 1 x 256 KiB over twin: %.2f" % ratio, flush=True)
 
