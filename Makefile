@@ -27,7 +27,7 @@ TIMEOUT := timeout --signal=KILL 900
 
 .PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
 	skip-report-reset test-core test-single test-parallel test-parallel-np4 test-integration \
-	test-elastic clean \
+	test-elastic test-docs clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
 
 # The GPU variant (TFHVD_GPU_OPERATIONS=NCCL), built in its own folder so the
@@ -99,9 +99,16 @@ demo: setup
 SKIP_REPORT_DIR := $(abspath $(BUILD_DIR))/test-skips
 test: export TESTS_SKIP_REPORT_DIR := $(SKIP_REPORT_DIR)
 test: setup skip-report-reset test-core test-single test-parallel test-parallel-np4 test-gloo \
-	test-integration test-elastic test-gpu-build docker-check
+	test-integration test-elastic test-gpu-build docker-check test-docs
 	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
+
+# The docs: the MkDocs site in strict mode (any warning fails, the theme needs no network)
+# and every relative link and #anchor of README.md and docs/*.md.
+test-docs: $(DEPS_STAMP)
+	@echo "== docs: mkdocs build --strict, link check"
+	$(TIMEOUT) $(PY) -m mkdocs build --strict -q -d build/site
+	$(PY) scripts/check_links.py
 
 skip-report-reset:
 	@rm -rf $(SKIP_REPORT_DIR)
