@@ -1,0 +1,18 @@
+"""Run tfhvd jobs on a Ray cluster, with Horovod's ``horovod.ray`` API.
+
+``RayExecutor`` places one Ray actor per rank with a placement group and
+bootstraps each through tfhvd's Gloo path: the rendezvous server runs on the
+driver, no MPI and no ssh.  ``ElasticRayExecutor`` lets workers come and go
+with the cluster's resources, for functions that use ``hvd.elastic.run``.
+
+Needs Ray: ``pip install tfhvd[ray]``.  ``import tfhvd`` itself never imports
+Ray; this package does, and says which extra to install when it is missing.
+"""
+
+from tfhvd.runner.engines import WorkerError, require_engine
+
+require_engine("ray", "ray", "tfhvd.ray")
+
+from tfhvd.ray.runner import RayExecutor, RaySettings  # noqa: E402
+
+__all__ = ["RayExecutor", "RaySettings", "WorkerError"]

@@ -1,0 +1,146 @@
+"""What the cluster-engine launchers (:mod:`tfhvd.ray`, :mod:`tfhvd.spark`)
+share: the same bootstrap ``tfhvdrun --gloo`` gives a rank, built from the
+engine's own placement of the workers.
+
+An engine launcher
+
+1. starts a :class:`~tfhvd.runner.gloo.rendezvous.RendezvousServer` on the
+   driver (:func:`driver_endpoint` says where, from the workers' hosts);
+2. learns the host of every worker, in rank order, and turns that into slots
+   with :func:`engine_slots` (the elastic driver's ``topology``: local rank
+   by host, cross rank by local rank);
+3. hands each worker its :class:`Bootstrap`; the worker calls
+   :meth:`Bootstrap.apply` before ``hvd.init()``, which sets Horovod's launch
+   variables in its own environment through the Gloo launcher's
+   ``worker_env``, exactly as ``tfhvdrun --gloo`` would have.
+
+A function a rank runs goes through :func:`call_as_rank`, so that an
+exception reaches the driver as a :class:`WorkerError` naming the rank and
+carrying its traceback.
+"""
+
+import importlib
+import os
+import socket
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from tfhvd.runner.elastic.driver import topology, worker_id
+from tfhvd.runner.gloo.job import iface_of
+from tfhvd.runner.gloo.workers import Slot, worker_env
+
+LOOPBACK = "127.0.0.1"
+
+
+def require_engine(module: str, extra: str, what: str) -> Any:
+    """Imports the engine ``module``, or raises an ImportError naming the
+    extra that installs it (``pip install tfhvd[extra]``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError("%s needs %s, which is not installed: pip install tfhvd[%s] "
+                          "(%s)" % (what, module, extra, e)) from e
+
+
+class WorkerError(RuntimeError):
+    """A rank of an engine job failed: it raised, or its worker died.
+
+    ``rank`` is the rank, ``worker_traceback`` the rank's traceback text (empty
+    when the worker process died without one).
+    """
+
+    def __init__(self, message: str, rank: int, worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self):  # picklable across engine processes
+        return (WorkerError, (self.args[0], self.rank, self.worker_traceback))
+
+
+def call_as_rank(rank: int, fn: Callable, args: Sequence = (),
+                 kwargs: Optional[Mapping] = None) -> Any:
+    """``fn(*args, **kwargs)``; an exception becomes a :class:`WorkerError`
+    naming ``rank`` and carrying the traceback (the original is its cause)."""
+    try:
+        return fn(*args, **(kwargs or {}))
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, by rank
+        tb = traceback.format_exc()
+        raise WorkerError("rank %d raised %s: %s\n%s" % (rank, type(e).__name__, e, tb),
+                          rank, tb) from e
+
+
+def engine_slots(hosts: Sequence[str]) -> List[Slot]:
+    """The slots of a job whose rank r runs on ``hosts[r]``: local ranks
+    count the ranks of each host, cross ranks the hosts of each local rank
+    (what ``tfhvdrun`` gives ranks placed host by host)."""
+    seen: Dict[str, int] = {}
+    members = []
+    for h in hosts:
+        members.append(worker_id(h, seen.get(h, 0)))
+        seen[h] = seen.get(h, 0) + 1
+    info = topology(members)
+    return [Slot(info[m]["rank"], h, info[m]["local_rank"], info[m]["local_size"],
+                 info[m]["cross_rank"], info[m]["cross_size"])
+            for m, h in zip(members, hosts)]
+
+
+def rank_order(hosts: Sequence[str]) -> List[int]:
+    """Indices of ``hosts`` reordered so that the workers of one host get
+    consecutive ranks (hosts in order of first appearance)."""
+    first: Dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        first.setdefault(h, i)
+    return sorted(range(len(hosts)), key=lambda i: (first[hosts[i]], i))
+
+
+def driver_endpoint(driver_host: str, worker_hosts: Sequence[str]) -> Tuple[str, str]:
+    """(bind address, address workers use) of the rendezvous server: loopback
+    when every worker runs on the driver's host, else the driver's address."""
+    if all(h == driver_host for h in worker_hosts):
+        return LOOPBACK, LOOPBACK
+    return "0.0.0.0", driver_host
+
+
+def node_address() -> str:
+    """This host's address as other hosts see it (the one that routes out)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 1))  # no packet is sent
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+@dataclass
+class Bootstrap:
+    """One rank's part of the job, sent from the driver to its worker."""
+
+    slot: Slot
+    size: int
+    addr: str
+    port: int
+    scope: str
+    extra_env: Dict[str, str] = field(default_factory=dict)
+    iface: Optional[str] = None
+
+    def environment(self, base: Mapping[str, str], local_addr: Optional[str] = None
+                    ) -> Dict[str, str]:
+        """The rank's whole environment (``base`` plus the launch variables)."""
+        iface = self.iface
+        if iface is None:
+            iface = "lo" if self.addr == LOOPBACK else iface_of(local_addr or node_address())
+        extra = {"HOROVOD_GLOO_TIMEOUT_SECONDS": base.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")}
+        extra.update(self.extra_env)
+        return worker_env(base, self.slot, self.size, self.addr, self.port, iface, extra,
+                          scope=self.scope)
+
+    def apply(self, local_addr: Optional[str] = None) -> None:
+        """Makes this process that rank: sets its environment (what
+        ``hvd.init()`` reads), dropping another job's per-rank variables."""
+        env = self.environment(dict(os.environ), local_addr)
+        for k in list(os.environ):
+            if k not in env:
+                del os.environ[k]
+        os.environ.update(env)

@@ -1,0 +1,19 @@
+"""Run tfhvd jobs as Spark jobs, with Horovod's ``horovod.spark.run`` API.
+
+:func:`run` starts ``num_proc`` Spark tasks in one barrier stage (Spark
+schedules all of them at once or none); each task is one rank, bootstrapped
+through tfhvd's Gloo path with a rendezvous server on the driver, and the
+driver gets ``fn``'s results in rank order.
+
+Needs PySpark (and Java): ``pip install tfhvd[spark]``.  ``import tfhvd``
+itself never imports PySpark; this package does, and says which extra to
+install when it is missing.
+"""
+
+from tfhvd.runner.engines import WorkerError, require_engine
+
+require_engine("pyspark", "spark", "tfhvd.spark")
+
+from tfhvd.spark.runner import run  # noqa: E402
+
+__all__ = ["run", "WorkerError"]

@@ -1,0 +1,190 @@
+"""``tfhvd.spark.run``: one barrier stage of ``num_proc`` tasks, one rank each.
+
+1. The driver starts a rendezvous server (loopback when the cluster runs on
+   the driver's host: ``local[N]``, ``local-cluster``; else the driver's
+   address, ``spark.driver.host``).
+2. ``num_proc`` tasks run in one barrier stage.  Each task reads every
+   task's host from ``BarrierTaskContext.getTaskInfos()``, so all ranks
+   compute the same topology (partition id = rank; local and cross ranks by
+   host, as :func:`tfhvd.runner.engines.engine_slots` gives them), applies its
+   :class:`~tfhvd.runner.engines.Bootstrap` and runs ``fn``.
+3. A rank that raises stores its traceback on the rendezvous server, then
+   fails its task; Spark aborts a failed barrier result stage (it is never
+   retried) and kills the other tasks.  The driver raises a
+   :class:`~tfhvd.runner.engines.WorkerError` naming the rank Spark saw fail
+   first, with that rank's traceback (or Spark's reason when the task's
+   process died without one).
+"""
+
+import os
+import re
+import urllib.request
+import uuid
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import cloudpickle
+
+from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, \
+    engine_slots
+from tfhvd.runner.gloo.rendezvous import RendezvousServer
+
+_ERROR_SCOPE = "spark-errors"
+
+
+def _host(address: str) -> str:
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") \
+        else address
+    return host.strip("[]")
+
+
+def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
+          env: Dict[str, str], start_timeout: int) -> Callable:
+    """The function each barrier task runs (sent to the executors)."""
+
+    def run_partition(_rows):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        hosts = [_host(t.address) for t in ctx.getTaskInfos()]
+        slots = engine_slots(hosts)
+        driver_host = addr_of["driver"]
+        local = all(h in (driver_host, LOOPBACK, "localhost") for h in hosts)
+        addr = LOOPBACK if local else driver_host
+        extra = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(start_timeout)}
+        extra.update(env)
+        Bootstrap(slots[rank], len(slots), addr, port, scope, extra,
+                  iface="lo" if local else None).apply(hosts[rank])
+        fn, args, kwargs = cloudpickle.loads(payload)
+        try:
+            result = call_as_rank(rank, fn, args, kwargs)
+        except WorkerError as e:
+            _report(addr, port, rank, e.worker_traceback)
+            raise
+        finally:
+            _shutdown_tfhvd()
+        yield rank, cloudpickle.dumps(result)
+
+    return run_partition
+
+
+def _report(addr: str, port: int, rank: int, text: str) -> None:
+    req = urllib.request.Request("http://%s:%d/%s/%d" % (addr, port, _ERROR_SCOPE, rank),
+                                 data=text.encode(), method="PUT")
+    try:
+        urllib.request.urlopen(req, timeout=5).close()
+    except OSError:
+        pass  # the driver still learns of the failure from Spark
+
+
+def _shutdown_tfhvd() -> None:
+    """Ends this rank's world, so a Python worker Spark reuses starts clean."""
+    import sys
+
+    basics = sys.modules.get("tfhvd.common.basics")
+    if basics is not None:
+        try:
+            if basics.is_initialized():
+                basics.shutdown()
+        except Exception:  # noqa: BLE001 - the task's own result matters more
+            pass
+
+
+def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
+        num_proc: Optional[int] = None, start_timeout: Optional[int] = None,
+        extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+        stdout: Any = None, stderr: Any = None, verbose: int = 1,
+        nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
+        use_gloo: Optional[bool] = None) -> List[Any]:
+    """Runs ``fn(*args, **kwargs)`` as a tfhvd job of ``num_proc`` Spark tasks
+    (default: the context's ``defaultParallelism``) and returns its results
+    in rank order.
+
+    ``start_timeout`` (default ``HOROVOD_SPARK_START_TIMEOUT`` or 600 s) bounds
+    the ranks' rendezvous.  ``env`` adds variables to every rank.  The job runs
+    over Gloo; ``use_mpi=True`` is refused (an MPI job needs mpirun to start
+    its processes, and Spark starts them here), and ``extra_mpi_args`` is
+    then meaningless and refused too.  ``stdout``/``stderr``: the ranks'
+    output stays in the executors' logs, as Spark keeps it; ``nics``: the
+    interface Gloo uses (first one), else the one that reaches the driver.
+    """
+    from pyspark import SparkContext
+
+    if use_mpi:
+        raise ValueError("tfhvd.spark.run(use_mpi=True): tfhvd runs Spark jobs over Gloo only "
+                         "(the tasks are started by Spark, not by mpirun); leave use_mpi unset")
+    if use_gloo is False:
+        raise ValueError("tfhvd.spark.run(use_gloo=False): Gloo is the only controller of a "
+                         "Spark job")
+    if extra_mpi_args:
+        raise ValueError("tfhvd.spark.run: extra_mpi_args=%r given, but the job runs over "
+                         "Gloo, not MPI" % (extra_mpi_args,))
+    sc = SparkContext.getOrCreate()
+    n = int(num_proc or sc.defaultParallelism)
+    if n < 1:
+        raise ValueError("tfhvd.spark.run: num_proc must be at least 1, got %d" % n)
+    timeout = int(start_timeout or os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or 600)
+    driver_host = sc.getConf().get("spark.driver.host", LOOPBACK)
+    master = sc.master or ""
+    local = master.startswith("local")
+    server = RendezvousServer(LOOPBACK if local else "0.0.0.0")
+    port = server.start()
+    task_env = {str(k): str(v) for k, v in (env or {}).items()}
+    if nics:
+        task_env["HOROVOD_GLOO_IFACE"] = list(nics)[0]
+    scope = "spark-" + uuid.uuid4().hex[:12]
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    job = _task(payload, {"driver": LOOPBACK if local else driver_host}, port, scope,
+                task_env, timeout)
+    group = "tfhvd-" + scope
+    sc.setJobGroup(group, "tfhvd.spark.run: %d ranks" % n, interruptOnCancel=True)
+    if verbose >= 2:
+        print("tfhvd.spark: %d ranks, rendezvous at %s:%d" % (n, driver_host, port))
+    try:
+        rows = sc.parallelize(range(n), n).barrier().mapPartitions(job).collect()
+    except Exception as e:  # noqa: BLE001 - turned into a WorkerError by rank
+        raise _failure(e, server, n) from e
+    finally:
+        server.stop()
+    results = dict(rows)
+    return [cloudpickle.loads(results[r]) for r in range(n)]
+
+
+def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
+    text = str(e)
+    reported = {int(k): v.decode(errors="replace")
+                for k, v in server.store._data.get(_ERROR_SCOPE, {}).items()}
+    m = re.search(r"ResultTask\(\d+, (\d+)\)", text) or \
+        re.search(r"Lost task (\d+)\.\d+ in stage", text)
+    rank = int(m.group(1)) if m else (min(reported) if reported else -1)
+    if rank in reported:
+        tb = reported[rank]
+        return WorkerError("tfhvd.spark: rank %d raised:\n%s" % (rank, tb), rank, tb)
+    tb = _python_traceback(text)
+    if tb:
+        return WorkerError("tfhvd.spark: rank %s failed in its Spark task:\n%s"
+                           % (rank if rank >= 0 else "?", tb), rank, tb)
+    reason = _spark_reason(text)
+    return WorkerError("tfhvd.spark: the task of rank %s failed without a Python exception "
+                       "(its process died?): %s; every task of the job was stopped"
+                       % (rank if rank >= 0 else "?", reason), rank)
+
+
+def _python_traceback(text: str) -> str:
+    """The first Python traceback in Spark's error text, if any."""
+    start = text.find("Traceback (most recent call last)")
+    if start < 0:
+        return ""
+    lines = []
+    for line in text[start:].splitlines():
+        if line.lstrip().startswith("at ") or line.startswith("\tat "):
+            break
+        lines.append(line)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _spark_reason(text: str) -> str:
+    for line in text.splitlines():
+        if "Exception" in line or "exited" in line or "killed" in line.lower():
+            return line.strip()[:500]
+    return text.splitlines()[0][:500] if text else "unknown"
