@@ -10,6 +10,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, Dict, Iterable, List, Optional
 
 from tfhvd._keras import flavor as _flavor
+from tfhvd._keras.async_modes import async_callback_classes, attach_delayed
 from tfhvd._keras.callbacks import callback_classes
 from tfhvd._keras.optimizer import (REGISTERED_NAME, create_distributed_optimizer,
                                     is_distributed, loader_class, reduction_of)
@@ -17,6 +18,7 @@ from tfhvd._keras.reduction import GradientReduction, require_initialized
 from tfhvd._keras.sync_batch_norm import sync_batch_norm_class
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.delayed import check_staleness
 from tfhvd.tensorflow.mpi_ops import Average
 
 _APIS: Dict[str, SimpleNamespace] = {}
@@ -29,7 +31,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          gradient_predivide_factor: float = 1.0, groups: Any = None, *,
                          device_dense: str = "", device_sparse: str = "", num_groups: int = 0,
                          process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
+                         scale_local_gradients: bool = True, staleness: int = 0) -> Any:
     """Wraps a Keras optimizer so that ``model.fit`` averages gradients across ranks
     before they are applied.
 
@@ -55,6 +57,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         outside it apply their local gradients (as Horovod does).
       scale_local_gradients: Horovod's: gradients of variables kept local
         (``register_local_var``, ``local_layers``) are divided by ``size()``.
+      staleness: 0 (default, synchronous) or 1: each step applies the average of
+        the previous step's gradients while its own allreduce runs behind the
+        next step (see docs/async.md; add ``hvd.DelayedGradientsCallback()``).
 
     Clipping set on the optimizer (``clipnorm``, ``clipvalue``,
     ``global_clipnorm``) applies to the averaged gradient.  A model compiled with
@@ -69,7 +74,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     return _distributed(optimizer, name, compression, sparse_as_dense,
                         backward_passes_per_step, average_aggregated_gradients, op,
                         gradient_predivide_factor, groups or (num_groups or None), process_set,
-                        None, scale_local_gradients)
+                        None, scale_local_gradients, staleness)
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
@@ -101,7 +106,8 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
 
 def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_per_step,
                  average_aggregated_gradients, op, gradient_predivide_factor, groups,
-                 process_set, local_layers, scale_local_gradients: bool = True) -> Any:
+                 process_set, local_layers, scale_local_gradients: bool = True,
+                 staleness: int = 0) -> Any:
     require_initialized("DistributedOptimizer")
     check_process_set(process_set)
     reduction = GradientReduction(
@@ -112,7 +118,10 @@ def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_
         local_layers=local_layers,
         process_set=None if process_set is global_process_set else process_set)
     reduction.scale_local_gradients = bool(scale_local_gradients)
-    return create_distributed_optimizer(optimizer, reduction)
+    check_staleness(staleness)
+    new = create_distributed_optimizer(optimizer, reduction)
+    attach_delayed(new, reduction, staleness)
+    return new
 
 
 def load_model(keras_module: ModuleType, filepath: str,

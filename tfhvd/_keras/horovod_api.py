@@ -65,7 +65,8 @@ def tf_keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
                                    average_aggregated_gradients: bool = False,
                                    num_groups: int = 0, groups: Any = None,
                                    process_set: ProcessSet = global_process_set,
-                                   scale_local_gradients: bool = True) -> Any:
+                                   scale_local_gradients: bool = True, *,
+                                   staleness: int = 0) -> Any:
     """``horovod.tensorflow.keras.DistributedOptimizer`` (see ``tfhvd._keras.api``)."""
     return _api.DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
@@ -73,7 +74,8 @@ def tf_keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
         average_aggregated_gradients=average_aggregated_gradients, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
         device_dense=device_dense, device_sparse=device_sparse, num_groups=num_groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        staleness=staleness)
 
 
 def keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
@@ -85,12 +87,13 @@ def keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
                                 backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False,
                                 process_set: ProcessSet = global_process_set,
-                                scale_local_gradients: bool = True) -> Any:
+                                scale_local_gradients: bool = True,
+                                staleness: int = 0) -> Any:
     """``horovod.keras.DistributedOptimizer``; tfhvd's extras are keyword-only."""
     return tf_keras_distributed_optimizer(
         optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
         gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
-        num_groups, groups, process_set, scale_local_gradients)
+        num_groups, groups, process_set, scale_local_gradients, staleness=staleness)
 
 
 def partial_distributed_optimizer(optimizer: Any, name: Optional[str] = None,

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
+from tfhvd._keras import async_modes
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras import patches
 from tfhvd._keras.reduction import GradientReduction, require_initialized
@@ -227,7 +228,8 @@ class _Keras3Distributed(_DistributedMixin):
         if steps > 1 and not reduction.average_aggregated_gradients \
                 and reduction.backward_passes_per_step > 1:
             scale = float(steps)  # Keras averaged the accumulated gradients; Horovod sums
-        grads = reduction.reduce(grads, reduction.current_variables, scale=scale)
+        grads = async_modes.reduce_gradients(reduction, grads, reduction.current_variables,
+                                             scale)
         return super()._clip_gradients(grads)
 
 
@@ -254,7 +256,8 @@ class _LegacyDistributed(_DistributedMixin):
             return pairs
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
-        return list(zip(self._tfhvd.reduce(grads, variables), variables, strict=True))
+        return list(zip(async_modes.reduce_gradients(self._tfhvd, grads, variables), variables,
+                        strict=True))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         reduction = self._tfhvd

@@ -152,6 +152,9 @@ class _DistributedGradientTape(tf.GradientTape):
                  **kwargs):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients,
                                                      **kwargs)
+        if self.__dict__.get("_tfhvd_staleness"):
+            from tfhvd.tensorflow.delayed import tape_gradients
+            return tape_gradients(self, grads, sources)
         return self._tfhvd_allreduce(grads, sources)
 
     def register_local_source(self, source) -> None:
@@ -208,7 +211,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             sparse_as_dense: bool = False, op: int = Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups=None, process_set: ProcessSet = global_process_set,
-                            scale_local_gradients: bool = True) -> tf.GradientTape:
+                            scale_local_gradients: bool = True, *, staleness: int = 0,
+                            delayed: Any = None) -> tf.GradientTape:
     """Wraps a ``tf.GradientTape`` so that ``gradient()`` returns gradients
     averaged (``op``) over all ranks.
 
@@ -221,8 +225,16 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
       num_groups / groups: split the gradients into this many fused groups.
       process_set: reduce over this process set only; on ranks outside it
         ``gradient()`` returns the local gradients (as Horovod does).
+      staleness: 0 (default) or 1: ``gradient()`` returns the average of the
+        previous step's gradients while this step's allreduce runs behind the
+        next step (see docs/async.md).  The state lives in ``delayed`` (an
+        ``hvd.DelayedGradients``) or, if not given, in one kept per list of
+        sources (``hvd.delayed_gradients_for(sources)``).
     """
     check_process_set(process_set)
+    if staleness:
+        from tfhvd.tensorflow.delayed import check_staleness
+        check_staleness(staleness)
     if op == Adasum:
         raise NotImplementedError("tfhvd does not implement Adasum")
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -240,6 +252,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_local = set()
     tape._tfhvd_scale_local = scale_local_gradients
     tape._tfhvd_process_set = process_set
+    if staleness:
+        tape._tfhvd_staleness = staleness
+        tape._tfhvd_delayed = delayed
     return tape
 
 

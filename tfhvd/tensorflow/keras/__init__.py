@@ -47,6 +47,11 @@ MetricAverageCallback = _KERAS.MetricAverageCallback
 LearningRateScheduleCallback = _KERAS.LearningRateScheduleCallback
 LearningRateWarmupCallback = _KERAS.LearningRateWarmupCallback
 BestModelCheckpoint = _KERAS.BestModelCheckpoint
+# Asynchronous modes (docs/async.md).
+LocalSGD = _KERAS.LocalSGD
+DelayedGradientsCallback = _KERAS.DelayedGradientsCallback
+from tfhvd._keras.async_modes import flush_optimizer as flush_delayed_gradients  # noqa: E402
+from tfhvd.tensorflow.delayed import DelayedGradients  # noqa: E402
 
 
 def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None,
@@ -88,3 +93,5 @@ __all__ = [
 from tfhvd.common.process_sets import add_process_set, remove_process_set  # noqa: E402
 
 __all__ += ["add_process_set", "remove_process_set"]
+
+__all__ += ["DelayedGradients", "DelayedGradientsCallback", "LocalSGD", "flush_delayed_gradients"]
