@@ -25,7 +25,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi gloo gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
+.PHONY: setup mpi gloo java test-engines gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
 	skip-report-reset test-core test-single test-parallel test-parallel-np4 test-integration \
 	test-elastic test-docs clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
@@ -48,7 +48,7 @@ GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_O
 GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
 	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py' -o -name 'build_device_code.py')
 
-setup: mpi gloo $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
+setup: mpi gloo java $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
 mpi:
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then \
@@ -58,6 +58,18 @@ mpi:
 	      openmpi-bin libopenmpi-dev >/dev/null; \
 	  else \
 	    echo "OpenMPI is missing: run 'sudo apt-get install -y openmpi-bin libopenmpi-dev'"; exit 1; \
+	  fi; \
+	fi
+
+# Java for pyspark (tfhvd.spark): Debian's headless JRE 17.
+java:
+	@if ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "== installing Java from Debian packages"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      openjdk-17-jre-headless >/dev/null; \
+	  else \
+	    echo "Java is missing (tfhvd.spark needs it): run 'sudo apt-get install -y openjdk-17-jre-headless'"; exit 1; \
 	  fi; \
 	fi
 
@@ -184,7 +196,8 @@ test-integration: setup
 	else bash scripts/install_sshd.sh || echo "(not root, no sshd: the multi-node test will skip)"; fi
 	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/integration \
 	  --ignore=tests/integration/test_elastic.py \
-	  --ignore=tests/integration/test_horovod_elastic_examples.py
+	  --ignore=tests/integration/test_elastic_programs.py \
+	  --ignore=tests/integration/test_ray.py --ignore=tests/integration/test_spark.py
 
 # Elastic jobs over Gloo on loopback "hosts" (127.0.0.x): hosts added and
 # removed, SIGKILL, raise, all failing, --min-np timeout, reset limit,
@@ -196,9 +209,17 @@ test-elastic: setup
 	@echo "== elastic tests: tfhvdrun --host-discovery-script over Gloo"
 	timeout --signal=KILL 900 $(PY) -m pytest -q -rs -s --color=no -p no:cacheprovider \
 	  tests/integration/test_elastic.py
-	@echo "== Horovod's examples/elastic/tensorflow2 scripts, hosts removed and re-added"
+	@echo "== elastic test programs (tests/integration/programs), hosts removed and re-added"
 	timeout --signal=KILL 900 $(PY) -m pytest -q -rs -s --color=no -p no:cacheprovider \
-	  tests/integration/test_horovod_elastic_examples.py
+	  tests/integration/test_elastic_programs.py
+
+# tfhvd.ray and tfhvd.spark on real engines started by the tests: a local Ray
+# cluster and Spark's local-cluster[2,1,1024] (collectives, Keras fit equal to
+# tfhvdrun --gloo's, a rank that raises, a worker killed, no orphans).
+test-engines: setup
+	@echo "== Ray and Spark launchers on local engines"
+	timeout --signal=KILL 900 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider \
+	  tests/integration/test_ray.py tests/integration/test_spark.py
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)

@@ -1,0 +1,140 @@
+"""tfhvd.ray on a real local Ray cluster (ray.init(num_cpus=4), started here)."""
+
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import engine_jobs as jobs
+from tfhvd.ray import ElasticRayExecutor, RayExecutor, WorkerError
+
+jobs.by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+             log_to_driver=False)
+    raylets = jobs.pids_matching("raylet")
+    assert raylets, "ray.init started no raylet"
+    yield
+    ray.shutdown()
+    assert jobs.wait_gone(raylets) == [], "Ray's raylet outlived ray.shutdown()"
+
+
+def _executor(**kw) -> RayExecutor:
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2, **kw)
+    ex.start()
+    return ex
+
+
+def _actor_pids(ex: RayExecutor):
+    return [p["pid"] for p in ray.get([w.node.remote() for w in ex.workers])]
+
+
+def test_collectives_run_execute_and_shutdown():
+    class Counter:
+        def __init__(self, start):
+            self.value = start
+
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2)
+    ex.start(executable_cls=Counter, executable_args=[5],
+             extra_env_vars={"TFHVD_TEST_ENGINE_VAR": "from-driver"})
+    try:
+        pids = _actor_pids(ex)
+        jobs.check_collectives(ex.run(jobs.collectives, args=["ray"]), "ray")
+        refs = ex.run_remote(jobs.collectives, kwargs={"tag": "remote"})
+        jobs.check_collectives(ray.get(refs), "remote")
+        assert ex.execute(lambda c: c.value + 1) == [6, 6]
+        assert ex.execute_single(lambda c: c.value * 2) == 10
+        envs = ex.run(lambda: (os.environ["HOROVOD_RANK"], os.environ["TFHVD_TEST_ENGINE_VAR"],
+                               os.environ["HOROVOD_CONTROLLER"]))
+        assert envs == [("0", "from-driver", "gloo"), ("1", "from-driver", "gloo")]
+    finally:
+        ex.shutdown()
+    assert jobs.wait_gone(pids) == [], "actors outlived shutdown()"
+    with pytest.raises(RuntimeError, match="not started"):
+        ex.run(jobs.collectives, args=["x"])
+
+
+def test_bad_arguments():
+    s = RayExecutor.create_settings()
+    with pytest.raises(ValueError, match="exactly one of num_workers"):
+        RayExecutor(s)
+    with pytest.raises(ValueError, match="num_workers must be at least 1"):
+        RayExecutor(s, num_workers=0)
+    ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=3), num_workers=9)
+    with pytest.raises(TimeoutError, match="did not grant 9 bundles"):
+        ex.start()
+
+
+def test_keras_fit_weights_equal_tfhvdrun():
+    ref = jobs.reference_weights(epochs=2)
+    ex = _executor()
+    try:
+        res = ex.run(jobs.bench.train, kwargs={"epochs": 2})
+    finally:
+        ex.shutdown()
+    got = [np.array(w) for w in res[0]["weights"]]
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_raise_on_one_rank_names_it_with_traceback():
+    ex = _executor()
+    pids = _actor_pids(ex)
+    with pytest.raises(WorkerError) as info:
+        ex.run(jobs.fails_on_rank_one)
+    e = info.value
+    assert e.rank == 1
+    assert "rank 1 raised ValueError: rank one's deliberate failure" in str(e)
+    assert "fails_on_rank_one" in e.worker_traceback
+    assert jobs.wait_gone(pids) == [], "the job's actors outlived its failure"
+    ex.shutdown()
+
+
+def test_killed_actor_ends_the_job_within_30s():
+    ex = _executor()
+    pids = _actor_pids(ex)
+    with tempfile.TemporaryDirectory() as d:
+        refs = ex.run_remote(jobs.train_until_killed, args=[d])
+        jobs.wait_pids(d, 2)
+        t0 = time.time()
+        jobs.kill(pids[1])
+        with pytest.raises(WorkerError) as info:
+            from tfhvd.ray.runner import wait_refs
+            wait_refs(refs, ex._stop_workers)
+        took = time.time() - t0
+    assert took < 30, "the job took %.1f s to end" % took
+    assert info.value.rank == 1
+    assert "worker of rank 1 died" in str(info.value)
+    assert jobs.wait_gone(pids) == [], "actors outlived the failed job"
+    ex.shutdown()
+
+
+def test_elastic_executor_recovers_from_a_killed_worker():
+    with tempfile.TemporaryDirectory() as d:
+        settings = ElasticRayExecutor.create_settings(min_np=1, max_np=2, timeout_s=60,
+                                                      elastic_timeout=60)
+        ex = ElasticRayExecutor(settings, cpus_per_slot=1)
+        ex.start()
+        killer = threading.Thread(target=_kill_one_once, args=(d,), daemon=True)
+        killer.start()
+        results = ex.run(jobs.elastic_training, args=[d, 30])
+        killer.join(timeout=5)
+    assert len(results) == 2, results
+    assert all(r["batch"] == 30 and r["weight"] == 30.0 and r["size"] == 2
+               for r in results), results
+    assert any(r["resets"] >= 1 for r in results), results
+
+
+def _kill_one_once(d: str) -> None:
+    pids = jobs.wait_pids(d, 2)
+    time.sleep(2)
+    jobs.kill(pids[1])

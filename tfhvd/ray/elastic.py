@@ -1,0 +1,281 @@
+"""``ElasticRayExecutor``: an elastic tfhvd job on Ray actors.
+
+The job is tfhvd's own elastic driver (:mod:`tfhvd.runner.elastic.driver`,
+the one ``tfhvdrun --host-discovery-script`` runs) with Ray in place of
+processes and a discovery script:
+
+* hosts are the cluster's alive nodes, each with ``CPU / cpus_per_slot``
+  slots (GPUs too with ``use_gpu``), read from ``ray.nodes()`` every second;
+* a worker is an actor started on its host's node (node affinity); it sets
+  the elastic worker's variables (driver address, worker id, token, world
+  topology, Gloo scope) in its environment and runs the function, whose
+  ``hvd.elastic.run`` talks to the driver as under tfhvdrun;
+* an actor that dies (or whose function raises) is a failed worker: its node
+  is blacklisted for a short cooldown (1-4 s; it comes back, as a node with
+  room does), the survivors reset and the driver fills the world again.
+
+:meth:`ElasticRayExecutor.run` returns the results of the workers that
+finished, in the rank order of the last world.
+"""
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tfhvd.runner.elastic import worker as wk
+from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
+from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
+from tfhvd.runner.elastic.service import ElasticService
+from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint
+from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.gloo.workers import Slot, worker_env
+
+COOLDOWN_S = (1, 4)
+
+
+@dataclass
+class ElasticRaySettings:
+    """What :meth:`ElasticRayExecutor.create_settings` returns."""
+
+    min_np: int = 1
+    max_np: Optional[int] = None
+    reset_limit: Optional[int] = None
+    elastic_timeout: float = 600.0
+    timeout_s: float = 30.0
+    nics: Optional[Sequence[str]] = None
+
+
+class RayHostDiscovery(HostDiscovery):
+    """The cluster's alive nodes (by address) and how many slots each has."""
+
+    def __init__(self, cpus_per_slot: float, gpus_per_slot: float = 0) -> None:
+        self.cpus_per_slot = cpus_per_slot
+        self.gpus_per_slot = gpus_per_slot
+
+    def find_available_hosts_and_slots(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            slots = int(res.get("CPU", 0) // self.cpus_per_slot) if self.cpus_per_slot else 0
+            if self.gpus_per_slot:
+                slots = min(slots, int(res.get("GPU", 0) // self.gpus_per_slot))
+            if slots > 0:
+                out[node["NodeManagerAddress"]] = out.get(node["NodeManagerAddress"], 0) + slots
+        return out
+
+
+class ElasticWorker:
+    """The actor of one elastic worker (made a Ray actor at spawn)."""
+
+    def run(self, env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict
+            ) -> Tuple[str, int, Any]:
+        for k in [k for k in os.environ if k not in env]:
+            del os.environ[k]
+        os.environ.update(env)
+        try:
+            value = call_as_rank(int(env["HOROVOD_RANK"]), fn, args, kwargs)
+        except WorkerError as e:
+            if isinstance(e.__cause__, SystemExit) and not e.__cause__.code:
+                return "left", -1, None  # not part of the next world
+            raise
+        return "done", int(os.environ.get("HOROVOD_RANK", "-1")), value
+
+
+class ElasticRayExecutor:
+    """An elastic job on Ray (Horovod's ``ElasticRayExecutor``).
+
+    Args:
+      settings: from :meth:`create_settings`.
+      use_gpu / cpus_per_slot / gpus_per_slot: each worker's resources (a
+        node offers as many slots as it has room for).
+      env_vars: variables every worker gets.
+      override_discovery: accepted for Horovod's signature; discovery is
+        always the cluster's nodes.
+    """
+
+    @staticmethod
+    def create_settings(min_np: int = 1, max_np: Optional[int] = None,
+                        reset_limit: Optional[int] = None, elastic_timeout: float = 600,
+                        timeout_s: float = 30, ssh_identity_file: Optional[str] = None,
+                        nics: Optional[Sequence[str]] = None,
+                        min_num_proc: Optional[int] = None,
+                        max_num_proc: Optional[int] = None) -> ElasticRaySettings:
+        """``min_np``/``max_np`` (or Horovod's ``min_num_proc``/``max_num_proc``)
+        bound the world; ``elastic_timeout`` how long a world may wait for its
+        minimum; ``timeout_s`` the rendezvous of each world."""
+        return ElasticRaySettings(int(min_num_proc or min_np),
+                                  max_num_proc if max_num_proc is not None else max_np,
+                                  reset_limit, float(elastic_timeout), float(timeout_s), nics)
+
+    def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False,
+                 cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = None,
+                 env_vars: Optional[Dict[str, str]] = None,
+                 override_discovery: bool = True,
+                 min_workers: Optional[int] = None, max_workers: Optional[int] = None) -> None:
+        self.settings = settings
+        if min_workers is not None:
+            settings.min_np = int(min_workers)
+        if max_workers is not None:
+            settings.max_np = int(max_workers)
+        self.cpus_per_slot = cpus_per_slot
+        self.gpus_per_slot = (gpus_per_slot or 1) if use_gpu else 0
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self._started = False
+
+    def start(self) -> None:
+        """Checks that Ray is up (``ray.init()`` if not); workers start in :meth:`run`."""
+        if not ray.is_initialized():
+            ray.init()
+        self._started = True
+
+    def run(self, worker_fn: Callable, args: Optional[Sequence] = None,
+            kwargs: Optional[Dict] = None, callbacks: Optional[List[Callable]] = None
+            ) -> List[Any]:
+        """Runs ``worker_fn`` (which uses ``hvd.elastic.run``) as an elastic job
+        until it ends; the finished workers' results in rank order.  Raises
+        :class:`WorkerError` when the job fails (reset limit, no slots within
+        ``elastic_timeout``, every worker failed)."""
+        if not self._started:
+            raise RuntimeError("ElasticRayExecutor.run: call start() first")
+        job = _ElasticRayJob(self, worker_fn, list(args or ()), dict(kwargs or {}))
+        results = job.run()
+        for cb in callbacks or ():
+            cb(results)
+        return results
+
+
+class _ElasticRayJob:
+    def __init__(self, ex: ElasticRayExecutor, fn: Callable, args: List, kwargs: Dict) -> None:
+        self.ex, self.fn, self.args, self.kwargs = ex, fn, args, kwargs
+        s = ex.settings
+        self.hosts = HostManager(RayHostDiscovery(ex.cpus_per_slot, ex.gpus_per_slot),
+                                 COOLDOWN_S)
+        first = self.hosts.discovery.find_available_hosts_and_slots()
+        here = ray.util.get_node_ip_address()
+        bind, self.addr = driver_endpoint(here, list(first))
+        avail = sum(first.values())
+        np_ = max(s.min_np, min(avail, s.max_np or avail))
+        self.lock = threading.Lock()
+        self.actors: Dict[str, Any] = {}
+        self.results: Dict[str, Tuple[int, Any]] = {}
+        self.errors: Dict[str, BaseException] = {}
+        self.last_round = 0
+        self.rendezvous = RendezvousServer(bind)
+        self.rendezvous_port = self.rendezvous.start()
+        self.driver = ElasticDriver(self.hosts, np=np_, min_np=s.min_np, max_np=s.max_np,
+                                    spawn=self._spawn, terminate=self._terminate,
+                                    timeout=s.elastic_timeout, reset_limit=s.reset_limit,
+                                    world_env=self._world_env)
+        self.service = ElasticService(self.driver, bind)
+
+    def _world_env(self, world: World) -> Dict[str, str]:
+        if world.round > self.last_round:
+            if self.last_round:
+                self.rendezvous.store.delete_scope("ray-elastic-%d" % self.last_round)
+            self.last_round = world.round
+        return {"HOROVOD_GLOO_SCOPE": "ray-elastic-%d" % world.round}
+
+    def _env(self, wid: str, world: World) -> Dict[str, str]:
+        info = world.info[wid]
+        host = split_id(wid)[0]
+        slot = Slot(info["rank"], host, info["local_rank"], info["local_size"],
+                    info["cross_rank"], info["cross_size"])
+        extra = dict(self.ex.env_vars)
+        extra.update({wk.ELASTIC_ENV: "1", wk.WORKER_ENV: wid, wk.TOKEN_ENV: self.service.token,
+                      wk.DRIVER_ENV: "%s:%d" % (self.addr, self.service.port),
+                      wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1",
+                      "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.ex.settings.timeout_s))})
+        extra.update(self._world_env(world))
+        iface = "lo" if self.addr == LOOPBACK else (self.ex.settings.nics or [None])[0]
+        return worker_env({}, slot, info["size"], self.addr, self.rendezvous_port, iface, extra)
+
+    def _node_id(self, host: str) -> Optional[str]:
+        for node in ray.nodes():
+            if node.get("Alive") and node.get("NodeManagerAddress") == host:
+                return node["NodeID"]
+        return None
+
+    def _spawn(self, wid: str, world: World) -> None:
+        env = self._env(wid, world)
+        host = split_id(wid)[0]
+        opts: Dict[str, Any] = {"num_cpus": self.ex.cpus_per_slot,
+                                "num_gpus": self.ex.gpus_per_slot, "max_restarts": 0}
+        node = self._node_id(host)
+        if node is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        actor = ray.remote(ElasticWorker).options(**opts).remote()
+        with self.lock:
+            self.actors[wid] = actor
+        ref = actor.run.remote(env, self.fn, self.args, self.kwargs)
+        threading.Thread(target=self._watch, args=(wid, actor, ref), daemon=True).start()
+
+    def _watch(self, wid: str, actor: Any, ref: Any) -> None:
+        code = 0
+        try:
+            status, rank, value = ray.get(ref)
+            if status == "done":
+                with self.lock:
+                    self.results[wid] = (rank, value)
+        except Exception as e:  # noqa: BLE001 - a failed worker, as its exit code
+            code = 1
+            with self.lock:
+                self.errors[wid] = e
+        with self.lock:
+            if self.actors.get(wid) is actor:
+                del self.actors[wid]
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.driver.worker_exited(wid, code)
+
+    def _terminate(self, wid: str) -> None:
+        with self.lock:
+            actor = self.actors.get(wid)
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def _discover(self) -> None:
+        while not self.driver.done:
+            self.driver.poll_hosts()
+            with self.driver.cond:
+                if not self.driver.done:
+                    self.driver.cond.wait(1.0)
+
+    def run(self) -> List[Any]:
+        error: Optional[str] = None
+        try:
+            self.driver.start()
+            threading.Thread(target=self._discover, daemon=True,
+                             name="tfhvd-ray-discovery").start()
+            error = self.driver.wait()
+        except Exception as e:  # noqa: BLE001 - a job that could not start
+            error = str(e)
+            with self.driver.cond:
+                self.driver._finish(error)
+        finally:
+            with self.lock:
+                wids = list(self.actors)
+            for wid in wids:
+                self._terminate(wid)
+            self.service.stop()
+            self.rendezvous.stop()
+        if error:
+            detail = ""
+            with self.lock:
+                if self.errors:
+                    wid = sorted(self.errors)[0]
+                    detail = "; last failure, worker %s: %s" % (wid, self.errors[wid])
+            raise WorkerError("tfhvd.ray elastic job failed: %s%s" % (error, detail), -1)
+        with self.lock:
+            done = sorted(self.results.values(), key=lambda rv: rv[0])
+        return [v for _, v in done]
