@@ -133,11 +133,11 @@ def test_gradient_tape_on_gpu():
 
 
 def test_int16_allreduce_on_gpu_is_a_clear_error():
-    # The Python front end refuses the dtype before any kernel runs (the op's
-    # type list has no int16), on the GPU as on the CPU; the NCCL backend's
-    # own "NCCL cannot reduce int16" check is the TF-free harness's.
+    # int16 reduces on the CPU (tests/parallel/test_small_int_sums.py); NCCL
+    # has no 16-bit integers, so on the GPU every rank gets the NCCL
+    # backend's clear error, together (no rank hangs).
     x = tf.constant(value(hvd.rank()), tf.int16)
-    with pytest.raises(TypeError, match="does not support dtype int16"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NCCL cannot reduce int16"):
         on(GPU, lambda t: hvd.allreduce(t, op=hvd.Sum, name="gpu_int16"), x)
 
 

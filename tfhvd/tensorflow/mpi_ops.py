@@ -40,9 +40,11 @@ class _DtypeSet(tuple):
         return self
 
 
-_REDUCE_DTYPES = _DtypeSet((tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-                            tf.float32, tf.float64))
-_ALL_DTYPES = _DtypeSet(_REDUCE_DTYPES + (tf.uint16, tf.int16, tf.bool))
+# Horovod's reduction dtypes plus bfloat16, int16 and uint16 (reduced on the CPU
+# with TensorFlow's wrapping arithmetic; NCCL has no 16-bit integers).
+_REDUCE_DTYPES = _DtypeSet((tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64,
+                            tf.float16, tf.bfloat16, tf.float32, tf.float64))
+_ALL_DTYPES = _DtypeSet(_REDUCE_DTYPES + (tf.bool,))
 _OPS_MODULE = None
 _EagerTensor = tf_ops.EagerTensor
 

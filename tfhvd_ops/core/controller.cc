@@ -298,17 +298,19 @@ void Coordinator::MarkReadyIfComplete(const std::string& name, Pending& p) {
   ready_.push_back(Ready{name, p.set, -1});
 }
 
-Response Coordinator::ErrorResponse(const std::string& name, int32_t set,
-                                    const std::string& msg) const {
+Response Coordinator::ErrorResponse(const std::string& name, int32_t set, const std::string& msg,
+                                    StatusCode code) const {
   Response resp;
   resp.kind = ResponseKind::kError;
+  resp.error_code = code;
   resp.names = {name};
   resp.params.process_set_id = set;
   resp.error = msg;
   return resp;
 }
 
-std::string Coordinator::Validate(const std::string& name, const Pending& p) const {
+std::string Coordinator::Validate(const std::string& name, const Pending& p,
+                                  StatusCode* code) const {
   int first = -1;
   for (int r = 0; r < size_; ++r) {
     if (p.present[r]) {
@@ -430,7 +432,12 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
       if (!p.present[r]) continue;
       const CollectiveParams& c = p.by_rank[r].params;
       int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
-      if (c.splits.empty()) continue;  // even split, checked below
+      if (c.splits.empty() && dim0 % n == 0) continue;
+      if (c.splits.empty()) {  // bad input, as Horovod's enqueue check: InvalidArgument
+        *code = StatusCode::kInvalidArgument;
+        return prefix() + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
+               std::to_string(dim0) + " is not divisible by " + std::to_string(n) + " ranks";
+      }
       if (static_cast<int>(c.splits.size()) != n) {
         return prefix() + "rank " + std::to_string(r) + " gave " + std::to_string(c.splits.size()) +
                " splits " + RanksString(c.splits) + ", expected one per rank (" +
@@ -450,23 +457,15 @@ std::string Coordinator::Validate(const std::string& name, const Pending& p) con
                std::to_string(dim0);
       }
     }
-    for (int r = 0; r < size_; ++r) {
-      if (!p.present[r]) continue;
-      const CollectiveParams& c = p.by_rank[r].params;
-      int64_t dim0 = c.shape.empty() ? 1 : c.shape[0];
-      if (c.splits.empty() && dim0 % n != 0) {
-        return prefix() + "rank " + std::to_string(r) + " gave no splits and its first dimension " +
-               std::to_string(dim0) + " is not divisible by " + std::to_string(n) + " ranks";
-      }
-    }
   }
   return "";
 }
 
 Response Coordinator::Build(Pending& p) {
   const std::string& name = p.name;
-  std::string err = Validate(name, p);
-  if (!err.empty()) return ErrorResponse(name, p.set, err);
+  StatusCode code = StatusCode::kFailedPrecondition;  // ranks that disagree
+  std::string err = Validate(name, p, &code);
+  if (!err.empty()) return ErrorResponse(name, p.set, err, code);
   int first = 0;
   while (!p.present[first]) ++first;
   const CollectiveParams& ref = p.by_rank[first].params;

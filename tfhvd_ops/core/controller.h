@@ -146,7 +146,9 @@ class Coordinator {
   void MarkReadyIfComplete(const std::string& name);
   void MarkReadyIfComplete(const std::string& name, Pending& p);
   Response Build(Pending& p);
-  std::string Validate(const std::string& name, const Pending& p) const;
+  // Why `p` cannot run ("" if it can); `*code` is the error's class when the
+  // default (FailedPrecondition: ranks that disagree) does not fit.
+  std::string Validate(const std::string& name, const Pending& p, StatusCode* code) const;
   // Applies an agreed add or remove of a process set (kAddProcessSet,
   // kRemoveProcessSet), or says why it cannot be.
   Response ChangeSets(const Pending& p, const CollectiveParams& ref);
@@ -154,7 +156,8 @@ class Coordinator {
   void CheckStalls(Clock::time_point now, std::vector<Response>* out);
   void FailUnreachable(std::vector<Response>* out);
   std::string MissingRanks(const Pending& p) const;
-  Response ErrorResponse(const std::string& name, int32_t set, const std::string& msg) const;
+  Response ErrorResponse(const std::string& name, int32_t set, const std::string& msg,
+                         StatusCode code = StatusCode::kFailedPrecondition) const;
   const SetInfo* Set(int32_t id) const;
   SetInfo* MutableSet(int32_t id);
 

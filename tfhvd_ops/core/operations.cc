@@ -51,6 +51,7 @@ void Executor::Execute(const Response& r,
     switch (r.error_code) {
       case StatusCode::kAborted: st = Status::Aborted(r.error); break;
       case StatusCode::kInternal: st = Status::Internal(r.error); break;
+      case StatusCode::kInvalidArgument: st = Status::InvalidArgument(r.error); break;
       // Ranks that disagree: Horovod's PRECONDITION_ERROR.
       default: st = Status::FailedPrecondition(r.error); break;
     }

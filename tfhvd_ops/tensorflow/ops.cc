@@ -1,6 +1,7 @@
 // Op definitions.  The names, inputs, outputs and attrs are Horovod's, so a
 // graph or SavedModel that holds Horovod ops loads and runs with tfhvd.  The
-// dtype lists are Horovod's plus bfloat16.  `tensor_name` (absent in
+// dtype lists are Horovod's plus bfloat16 (and int16/uint16 for reductions,
+// which tfhvd's CPU backends reduce with wrapping arithmetic).  `tensor_name` (absent in
 // Horovod, defaulted so Horovod graphs still load) carries the user's name in
 // eager mode, where TensorFlow drops op names.  Kernels live in kernels.cc.
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -13,7 +14,8 @@ namespace {
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-#define TFHVD_REDUCE_TYPES "T: {uint8, int8, int32, int64, float16, bfloat16, float32, float64}"
+#define TFHVD_REDUCE_TYPES \
+  "T: {uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64}"
 #define TFHVD_ALL_TYPES \
   "T: {uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool}"
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../../core/cpu_math.h"
@@ -53,6 +54,54 @@ template <bool kBFloat, ReduceOp kOp>
 void Reduce16Fn(void* in, void* inout, int* len, MPI_Datatype*) {
   Reduce16(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, kBFloat, kOp);
 }
+
+// 8- and 16-bit integers are reduced by tfhvd too, with TensorFlow's wrapping
+// arithmetic.  Open MPI 4.1's AVX reduction component (Debian 12's 4.1.4; `mca
+// op avx`) saturates them instead: two ranks' uint8 229 sum to 255, not 202,
+// for every element of a 64-byte block.  A user-defined op never reaches that
+// component, whoever called MPI_Init (mpi4py may have, before tfhvd) and
+// whatever OMPI_MCA_op says.
+template <typename T, ReduceOp kOp>
+void SmallIntFn(void* in, void* inout, int* len, MPI_Datatype*) {
+  using U = std::make_unsigned_t<T>;
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    // Sums and products in unsigned arithmetic wrap modulo 2^bits, as TensorFlow's do.
+    U x = static_cast<U>(a[i]), y = static_cast<U>(b[i]);
+    switch (kOp) {
+      case ReduceOp::kSum: b[i] = static_cast<T>(static_cast<U>(x + y)); break;
+      case ReduceOp::kProduct:
+        b[i] = static_cast<T>(static_cast<U>(static_cast<unsigned>(x) * static_cast<unsigned>(y)));
+        break;
+      case ReduceOp::kMin: b[i] = a[i] < b[i] ? a[i] : b[i]; break;
+      default: b[i] = a[i] > b[i] ? a[i] : b[i]; break;  // kMax
+    }
+  }
+}
+
+// ops[type][op]: type in (int8, uint8, int16, uint16), op in (Sum, Min, Max, Product).
+struct SmallIntOps {
+  template <typename T>
+  void Create(MPI_Op* row) {
+    MPI_Op_create(&SmallIntFn<T, ReduceOp::kSum>, 1, &row[0]);
+    MPI_Op_create(&SmallIntFn<T, ReduceOp::kMin>, 1, &row[1]);
+    MPI_Op_create(&SmallIntFn<T, ReduceOp::kMax>, 1, &row[2]);
+    MPI_Op_create(&SmallIntFn<T, ReduceOp::kProduct>, 1, &row[3]);
+  }
+  SmallIntOps() {
+    Create<int8_t>(ops[0]);
+    Create<uint8_t>(ops[1]);
+    Create<int16_t>(ops[2]);
+    Create<uint16_t>(ops[3]);
+  }
+  void Free() {
+    for (auto& row : ops) {
+      for (auto& op : row) MPI_Op_free(&op);
+    }
+  }
+  MPI_Op ops[4][4];
+};
 
 class MpiControl : public ControlChannel {
  public:
@@ -145,6 +194,7 @@ class MpiCollectives : public HostMemoryOps {
     for (auto& row : ops16_) {
       for (auto& op : row) MPI_Op_free(&op);
     }
+    small_.Free();
     MPI_Type_free(&half_);
     MPI_Type_free(&bhalf_);
     if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -230,10 +280,10 @@ class MpiCollectives : public HostMemoryOps {
                                        " is not supported by the MPI backend");
     }
     switch (dtype) {
-      case DataType::kUInt8: *t = MPI_UINT8_T; break;
-      case DataType::kInt8: *t = MPI_INT8_T; break;
-      case DataType::kUInt16: *t = MPI_UINT16_T; break;
-      case DataType::kInt16: *t = MPI_INT16_T; break;
+      case DataType::kInt8: *t = MPI_INT8_T; *o = small_.ops[0][idx]; break;
+      case DataType::kUInt8: *t = MPI_UINT8_T; *o = small_.ops[1][idx]; break;
+      case DataType::kInt16: *t = MPI_INT16_T; *o = small_.ops[2][idx]; break;
+      case DataType::kUInt16: *t = MPI_UINT16_T; *o = small_.ops[3][idx]; break;
       case DataType::kInt32: *t = MPI_INT32_T; break;
       case DataType::kInt64: *t = MPI_INT64_T; break;
       case DataType::kFloat32: *t = MPI_FLOAT; break;
@@ -250,6 +300,7 @@ class MpiCollectives : public HostMemoryOps {
   bool owned_;
   MPI_Datatype half_, bhalf_;
   MPI_Op ops16_[2][4];
+  SmallIntOps small_;  // 8- and 16-bit integers (see SmallIntFn)
 };
 
 class MpiBackend : public Backend {
