@@ -205,6 +205,11 @@ def process_set_id(process_set: Any) -> int:
         raise ValueError("%s is not registered: pass it to hvd.init(process_sets=[...]) or "
                          "hvd.add_process_set() first (a removed set cannot be used again)"
                          % process_set)
+    if not registry.holds(process_set):
+        # An id set by hand, or a handle made from an op's attribute: ask the
+        # runtime, so that an unknown id is a ValueError here, before any op
+        # runs (as in Horovod), not an error from the op.
+        _set_info(process_set.process_set_id)
     return int(process_set.process_set_id)
 
 

@@ -73,3 +73,11 @@ from tfhvd.tensorflow.delayed import DelayedGradients, delayed_gradients_for  # 
 from tfhvd.tensorflow.local_sgd import LocalSGD  # noqa: E402
 
 __all__ += ["DelayedGradients", "LocalSGD", "delayed_gradients_for"]
+
+# Horovod's helpers that horovod.tensorflow re-exports (horovod.common.util,
+# horovod.tensorflow.util), and its mpi_ops module as hvd.mpi_ops.
+from tfhvd.common.util import check_extension, gpu_available, split_list  # noqa: E402
+from tfhvd.tensorflow import mpi_ops  # noqa: E402,F401
+from tfhvd.tensorflow.util import refs_to_vars, vars_to_refs  # noqa: E402
+
+__all__ += ["check_extension", "gpu_available", "refs_to_vars", "split_list", "vars_to_refs"]

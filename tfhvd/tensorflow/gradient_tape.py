@@ -161,6 +161,20 @@ class _DistributedGradientTape(tf.GradientTape):
         """Keeps ``source``'s gradient local (not reduced), e.g. for local layers."""
         self._tfhvd_local.add(id(source))
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """Horovod's split of :meth:`gradient`'s result: two lists of
+        ``(source, gradient)`` pairs, the local sources' (registered with
+        :meth:`register_local_source` or given as ``local_layers``) and the others',
+        each in the order of ``sources``.  The global gradients are reduced and
+        the local ones scaled exactly as :meth:`gradient` returns them."""
+        grads = self.gradient(target, sources, output_gradients=output_gradients,
+                              use_generic_names=use_generic_names)
+        local, global_ = [], []
+        for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+            (local if id(s) in self._tfhvd_local else global_).append((s, g))
+        return local, global_
+
     def _tfhvd_allreduce(self, grads, sources):
         if not process_set_reduces(self._tfhvd_process_set):
             return grads  # one rank, or a rank outside the set (Horovod's _allreduce_cond)
@@ -241,7 +255,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         raise ValueError("gradient_predivide_factor requires op=Average")
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                {k: v for k, v in _DistributedGradientTape.__dict__.items()
-                if k in ("gradient", "register_local_source", "_tfhvd_allreduce")})
+                if k in ("gradient", "register_local_source", "_tfhvd_allreduce",
+                         "get_local_and_global_gradients")})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._tfhvd_compression = compression

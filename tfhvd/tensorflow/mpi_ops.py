@@ -526,3 +526,26 @@ for _name in ("HorovodBroadcastInplace", "HorovodBroadcastInplaceResource", "Hor
               "HorovodBarrier", "HorovodSize", "HorovodLocalSize", "HorovodRank",
               "HorovodLocalRank", "HorovodProcessSetIncluded"):
     tf_ops.NotDifferentiable(_name)
+
+
+# ------------------------------------------------ Horovod's module-level names
+
+# Horovod's programs reach into horovod.tensorflow.mpi_ops: its HorovodBasics
+# instance (``hvd.mpi_ops._basics._get_process_set_ids_and_ranks()``), the
+# lifecycle functions and helpers it imports.
+from tfhvd.common.basics import (ccl_built, cross_rank, cross_size, cuda_built,  # noqa: E402,F401
+                                 ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+                                 is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                 mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                                 size, start_timeline, stop_timeline)
+from tfhvd.common.horovod_basics import HorovodBasics as _HorovodBasics  # noqa: E402
+from tfhvd.common.process_sets import add_process_set, remove_process_set  # noqa: E402,F401
+from tfhvd.common.util import (get_average_backwards_compatibility_fun,  # noqa: E402,F401
+                               gpu_available, num_rank_is_power_2)
+
+_basics = _HorovodBasics()
+
+
+def _check_has_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (what ``gpu_available('tensorflow')`` asks)."""
+    return bool(tf.config.list_physical_devices("GPU"))
