@@ -34,8 +34,11 @@ def train(epochs: int = 6, batch_size: int = 32, seed: int = 7,
     rank's timings and (rank 0) the final weights as lists."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        pass  # a reused process (Spark's Python workers) keeps what it had
     import keras
     from sklearn.datasets import load_digits
 
@@ -137,7 +140,7 @@ def main() -> None:
              object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     spark = SparkSession.builder.master("local-cluster[%d,1,1024]" % args.np) \
         .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
-        .getOrCreate()
+        .config("spark.python.worker.reuse", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     rows: Dict[str, List[Dict]] = {"tfhvdrun --gloo": [], "RayExecutor": [], "spark.run": []}
     try:

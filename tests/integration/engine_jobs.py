@@ -65,7 +65,7 @@ def collectives(tag: str) -> Dict:
     return {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(),
             "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
             "cross_size": hvd.cross_size(), "sum": s, "gather": g, "bcast": b, "obj": obj,
-            "pid": os.getpid()}
+            "pid": os.getpid(), "var": os.environ.get("TFHVD_TEST_ENGINE_VAR")}
 
 
 def check_collectives(results: List[Dict], tag: str) -> None:

@@ -1,0 +1,94 @@
+"""tfhvd.spark on a real Spark cluster: local-cluster[2,1,1024] (a master, two
+workers and an executor JVM each, on this machine), started here."""
+
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import engine_jobs as jobs
+import tfhvd.spark
+from tfhvd.spark import WorkerError
+
+jobs.by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark():
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    work = os.path.join(os.path.dirname(pyspark.__file__), "work")
+    before = set(os.listdir(work)) if os.path.isdir(work) else set()
+    session = SparkSession.builder.master("local-cluster[2,1,1024]") \
+        .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
+        .config("spark.python.worker.reuse", "false").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    executors = jobs.pids_matching("CoarseGrainedExecutorBackend")
+    yield session
+    session.stop()
+    assert jobs.wait_gone(executors) == [], "Spark's executors outlived spark.stop()"
+    # local-cluster keeps its workers' folders under pyspark/work: drop ours.
+    for name in set(os.listdir(work)) - before if os.path.isdir(work) else ():
+        shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+
+
+def test_collectives():
+    res = tfhvd.spark.run(jobs.collectives, args=("spark",), num_proc=2,
+                          env={"TFHVD_TEST_ENGINE_VAR": "from-driver"})
+    jobs.check_collectives(res, "spark")
+    assert [r["var"] for r in res] == ["from-driver", "from-driver"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="over Gloo only"):
+        tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, use_mpi=True)
+    with pytest.raises(ValueError, match="extra_mpi_args"):
+        tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, extra_mpi_args="-x A")
+    with pytest.raises(ValueError, match="num_proc must be at least 1"):
+        tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=-1)
+
+
+def test_keras_fit_weights_equal_tfhvdrun():
+    ref = jobs.reference_weights(epochs=2)
+    res = tfhvd.spark.run(jobs.bench.train, kwargs={"epochs": 2}, num_proc=2)
+    got = [np.array(w) for w in res[0]["weights"]]
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_raise_on_one_rank_names_it_with_traceback():
+    with pytest.raises(WorkerError) as info:
+        tfhvd.spark.run(jobs.fails_on_rank_one, num_proc=2)
+    e = info.value
+    assert e.rank == 1
+    assert "rank one's deliberate failure" in str(e)
+    assert "fails_on_rank_one" in e.worker_traceback
+
+
+def test_killed_task_ends_the_job_within_30s():
+    with tempfile.TemporaryDirectory() as d:
+        box = {}
+
+        def killer():
+            pids = jobs.wait_pids(d, 2)
+            box["pids"] = pids
+            box["t0"] = time.time()
+            jobs.kill(pids[1])
+
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        with pytest.raises(WorkerError) as info:
+            tfhvd.spark.run(jobs.train_until_killed, args=(d,), num_proc=2)
+        took = time.time() - box["t0"]
+        t.join(timeout=5)
+    assert took < 30, "the job took %.1f s to end" % took
+    assert info.value.rank == 1, str(info.value)
+    assert jobs.wait_gone(box["pids"]) == [], "a rank's process outlived the failed job"
