@@ -196,7 +196,7 @@ class LocalSGDImpl:
         return int(tf.convert_to_tensor(_flavor.inner_optimizer(self._optimizer()).iterations))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        from tfhvd._keras.optimizer import reduction_of
+        from tfhvd._keras.distributed import reduction_of
 
         opt = self._optimizer()
         reduction = reduction_of(opt)

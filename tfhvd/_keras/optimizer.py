@@ -40,6 +40,8 @@ import tensorflow as tf
 from tfhvd._keras import async_modes
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras import patches
+from tfhvd._keras.distributed import (  # noqa: F401  (reduction_of re-exported)
+    DistributedOptimizerBase, is_distributed, reduction_of)
 from tfhvd._keras.reduction import GradientReduction, require_initialized
 
 REGISTERED_NAME = "tfhvd>DistributedOptimizer"
@@ -49,20 +51,6 @@ _CONFIG_KEY = "tfhvd"
 # keeps isinstance checks stable and the registries small.
 _CLASSES: Dict[Any, type] = {}
 _LOADERS: Dict[str, type] = {}
-
-
-def is_distributed(opt: Any) -> bool:
-    """Whether ``opt`` (or the inner optimizer of a LossScaleOptimizer) is distributed."""
-    if opt is None or isinstance(opt, str):
-        return False
-    return isinstance(_flavor.inner_optimizer(opt), (_Keras3Distributed, _LegacyDistributed))
-
-
-def reduction_of(opt: Any) -> Optional[GradientReduction]:
-    """The :class:`GradientReduction` of a distributed optimizer, else None."""
-    if not is_distributed(opt):
-        return None
-    return _flavor.inner_optimizer(opt)._tfhvd
 
 
 def create_distributed_optimizer(optimizer: Any, reduction: GradientReduction,
@@ -174,7 +162,7 @@ def _split_config(config: Dict[str, Any]):
     return config, config.pop(_CONFIG_KEY, None)
 
 
-class _DistributedMixin:
+class _DistributedMixin(DistributedOptimizerBase):
     """What both flavours' distributed subclasses share: settings and config."""
 
     _tfhvd_base: type

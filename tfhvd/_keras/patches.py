@@ -35,6 +35,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
+from tfhvd._keras.distributed import is_distributed
 
 _MARK = "_tfhvd_wrapped"
 _installed: set = set()
@@ -71,8 +72,6 @@ def _wrap(cls: type, name: str, factory: Callable[[Callable], Callable]) -> None
 
 def model_uses_collectives(model: Any) -> bool:
     """Whether the model's train step runs tfhvd collectives."""
-    from tfhvd._keras.optimizer import is_distributed
-
     if is_distributed(getattr(model, "optimizer", None)):
         return True
     try:
@@ -105,8 +104,6 @@ _HOROVOD_COMPILE_ARGS = ("experimental_run_tf_function",)
 
 def _compile_keras3(original: Callable) -> Callable:
     def compile(self, *args, **kwargs):
-        from tfhvd._keras.optimizer import is_distributed
-
         optimizer = kwargs.get("optimizer", args[0] if args else None)
         dropped = [k for k in _HOROVOD_COMPILE_ARGS if k in kwargs]
         if dropped and is_distributed(optimizer):
@@ -135,8 +132,6 @@ def _make_train_function_legacy(original: Callable) -> Callable:
 def _check_finite(original: Callable) -> Callable:
     def check_finite(self, grads):
         finite = original(self, grads)
-        from tfhvd._keras.optimizer import is_distributed
-
         if not is_distributed(self.inner_optimizer):
             return finite
         from tfhvd.common import basics

@@ -24,64 +24,17 @@ script's registrations from the top makes the same collective calls as the
 survivors re-registering.  Every worker must therefore register the same
 sets in the same order: do it at start-up, before ``hvd.elastic.run``, or
 rebuild sets in a reset callback on every worker alike.
+
+The registration rule itself (``_register_elastic``) lives in
+:mod:`tfhvd.common.process_sets`, beside the plain one, since ``init`` and
+``add_process_set`` use it too; this module adds what a reset does.
 """
 
-import itertools
-from typing import List, Optional
-
-from tfhvd.common import basics
 from tfhvd.common import process_sets as _ps
 from tfhvd.common.exceptions import HorovodInternalError
 
 # StatusCode of the core for bad input or ranks that disagree.
 _INVALID_ARGUMENT = 1
-
-
-def _missing(ranks: List[int], size: int) -> List[int]:
-    return [r for r in ranks if r >= size]
-
-
-def _reserve(require_dynamic: bool) -> Optional[int]:
-    """Uses up the runtime's next id: adds a placeholder set of ranks no set
-    has and removes it (collective).  None when every rank list is taken
-    (a world of one), which leaves nothing to register after it either."""
-    size = basics.size()
-    taken = {tuple(_ps._set_info(sid)[2]) for sid in _ps._ids()}
-    for k in range(1, size):
-        for cand in itertools.combinations(range(size), k):
-            if cand not in taken:
-                sid = _ps._add(list(cand), require_dynamic=require_dynamic)
-                _ps._remove(sid, require_dynamic=False)
-                return sid
-    return None
-
-
-def register(ps: _ps.ProcessSet, require_dynamic: bool) -> None:
-    """Registers ``ps`` in the current world by the rules above (collective).
-
-    Raises ``_ProcessSetError`` (a ValueError) as ``add_process_set`` does.
-    """
-    assert ps.ranks is not None
-    size = basics.size()
-    missing = _missing(ps.ranks, size)
-    everyone = not missing and (not ps.ranks or sorted(set(ps.ranks)) == list(range(size)))
-    if not missing and not everyone:
-        _ps._register(ps, _ps._add(ps.ranks, require_dynamic=require_dynamic))
-        return
-    _reserve(require_dynamic)
-    _ps.registry.append(ps)
-    if everyone:
-        ps.process_set_id = 0
-        ps._unavailable = None
-    else:
-        ps.process_set_id = None
-        ps._unavailable = (
-            "%s is not available in this elastic world of %d processes: rank%s %s %s not in "
-            "it (it becomes usable again when a reset brings %s back; or rebuild your sets "
-            "in a reset callback)" % (
-                "ProcessSet(ranks=%s)" % ps.ranks, size, "s" if len(missing) > 1 else "",
-                ", ".join(map(str, missing)), "are" if len(missing) > 1 else "is",
-                "them" if len(missing) > 1 else "it"))
 
 
 def restore() -> None:
@@ -98,10 +51,10 @@ def restore() -> None:
     try:
         for ps in old:
             if ps is None:
-                _reserve(require_dynamic=False)
+                _ps._reserve_id(require_dynamic=False)
                 _ps.registry.append(None)
             else:
-                register(ps, require_dynamic=False)
+                _ps._register_elastic(ps, require_dynamic=False)
     except _ps._ProcessSetError as e:
         for ps in _ps.registry.slots:
             if ps is not None:

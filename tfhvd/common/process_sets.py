@@ -19,11 +19,12 @@ In an elastic job the sets outlive a reset: see :mod:`tfhvd.common.elastic_proce
 """
 
 import ctypes
+import itertools
 import numbers
 import os
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from tfhvd.common import library
+from tfhvd.common import library, topology
 
 _ERR_LEN = 4096
 # Codes of tfhvd_process_set_info (Horovod's values).
@@ -298,9 +299,7 @@ def _comm_ranks(comm: Any, global_comm: Any) -> Tuple[Optional[List[int]], List[
 def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
                        already_initialized: bool) -> None:
     """Registers the sets given to ``init`` (hvd.init calls this)."""
-    from tfhvd.common import basics
-
-    global_process_set.ranks = list(range(basics.size()))
+    global_process_set.ranks = list(range(topology.size()))
     for i, ps in enumerate(process_sets):
         if ps.ranks is None and ps.mpi_comm is not None:
             mine, distinct = _comm_ranks(ps.mpi_comm, global_comm)
@@ -322,9 +321,7 @@ def _init_process_sets(process_sets: List[ProcessSet], global_comm: Any,
                 raise ValueError("hvd.init() was already called without process set %s" % ps)
             continue
         if _elastic_job():
-            from tfhvd.common import elastic_process_sets
-
-            elastic_process_sets.register(ps, require_dynamic=False)
+            _register_elastic(ps, require_dynamic=False)
             continue
         try:
             _register(ps, _add(ps.ranks, require_dynamic=False))
@@ -361,9 +358,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
             "Please build the process set via a list of ranks.")
     assert process_set.ranks is not None
     if _elastic_job():
-        from tfhvd.common import elastic_process_sets
-
-        elastic_process_sets.register(process_set, require_dynamic=True)
+        _register_elastic(process_set, require_dynamic=True)
         return process_set
     try:
         _register(process_set, _add(process_set.ranks, require_dynamic=True))
@@ -408,6 +403,52 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     registry.forget(process_set)
     process_set._invalidate()
     return True
+
+
+def _reserve_id(require_dynamic: bool) -> Optional[int]:
+    """Uses up the runtime's next id: adds a placeholder set of ranks no set
+    has and removes it (collective).  None when every rank list is taken
+    (a world of one), which leaves nothing to register after it either."""
+    size = topology.size()
+    taken = {tuple(_set_info(sid)[2]) for sid in _ids()}
+    for k in range(1, size):
+        for cand in itertools.combinations(range(size), k):
+            if cand not in taken:
+                sid = _add(list(cand), require_dynamic=require_dynamic)
+                _remove(sid, require_dynamic=False)
+                return sid
+    return None
+
+
+def _register_elastic(ps: ProcessSet, require_dynamic: bool) -> None:
+    """Registers ``ps`` in an elastic job's current world (collective), by the
+    rules of :mod:`tfhvd.common.elastic_process_sets`: its own id when all its
+    ranks exist, the global set when it holds every rank, else unavailable
+    with its id kept free.
+
+    Raises ``_ProcessSetError`` (a ValueError) as ``add_process_set`` does.
+    """
+    assert ps.ranks is not None
+    size = topology.size()
+    missing = [r for r in ps.ranks if r >= size]
+    everyone = not missing and (not ps.ranks or sorted(set(ps.ranks)) == list(range(size)))
+    if not missing and not everyone:
+        _register(ps, _add(ps.ranks, require_dynamic=require_dynamic))
+        return
+    _reserve_id(require_dynamic)
+    registry.append(ps)
+    if everyone:
+        ps.process_set_id = 0
+        ps._unavailable = None
+    else:
+        ps.process_set_id = None
+        ps._unavailable = (
+            "%s is not available in this elastic world of %d processes: rank%s %s %s not in "
+            "it (it becomes usable again when a reset brings %s back; or rebuild your sets "
+            "in a reset callback)" % (
+                "ProcessSet(ranks=%s)" % ps.ranks, size, "s" if len(missing) > 1 else "",
+                ", ".join(map(str, missing)), "are" if len(missing) > 1 else "is",
+                "them" if len(missing) > 1 else "it"))
 
 
 def _elastic_job() -> bool:

@@ -16,34 +16,14 @@ back each rank's return value, like ``horovod.run``.
 
 import os
 import sys
-import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import task
 from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.common import RunError, attach_payload  # noqa: F401  (re-exported)
 from tfhvd.runner.hosts import HostError
 from tfhvd.runner.launch import LaunchError, choose_gloo, job_env, prepare, run_gloo, run_job
 from tfhvd.runner.output import FailureTracker, Line
-
-# Above this the function travels in a file (which remote hosts must share).
-_ENV_PAYLOAD_LIMIT = 64 * 1024
-
-
-class RunError(RuntimeError):
-    """The job of :func:`run` failed.
-
-    Attributes: ``rank`` (the rank that failed first, or None), ``exit_code``
-    (the job's) and ``remote_traceback`` (the failing rank's traceback text,
-    when it raised).
-    """
-
-    def __init__(self, message: str, rank: Optional[int] = None, exit_code: int = 1,
-                 remote_traceback: str = "") -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.exit_code = exit_code
-        self.remote_traceback = remote_traceback
-
 
 class _Collector:
     """Takes the marked result lines out of the job's output."""
@@ -74,28 +54,6 @@ class _Collector:
         if zlib.crc32(data.encode("ascii")) != crc:
             return None
         return ok, task.decode(data)
-
-
-def attach_payload(fn: Callable[..., Any], args: Sequence[Any],
-                   kwargs: Optional[Mapping[str, Any]], env: Dict[str, str]) -> Optional[str]:
-    """Puts the pickled call into ``env`` (or a file it names, returned so the
-    caller removes it) for :mod:`tfhvd.runner.task`."""
-    try:
-        call = task.dumps((fn, tuple(args), dict(kwargs or {})))
-    except Exception as e:
-        raise TypeError("tfhvd.run() cannot pickle %r with its arguments: %s (install "
-                        "cloudpickle to send lambdas and closures)" % (fn, e)) from e
-    sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
-    payload = task.encode({"call": call, "sys_path": sys_path})
-    if len(payload) <= _ENV_PAYLOAD_LIMIT:
-        env[task.PAYLOAD_ENV] = payload
-        return None
-    fd, payload_file = tempfile.mkstemp(prefix="tfhvd-run-", suffix=".payload")
-    with os.fdopen(fd, "w") as f:
-        f.write(payload)
-    env[task.PAYLOAD_FILE_ENV] = payload_file
-    env.pop(task.PAYLOAD_ENV, None)
-    return payload_file
 
 
 def _launcher_argv(np: int, hosts: Optional[str], hostfile: Optional[str],

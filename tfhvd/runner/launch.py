@@ -22,12 +22,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextI
 from tfhvd.runner import hosts as hostlib
 from tfhvd.runner.args import (UsageError, is_elastic, parse_args, settings_env,
                                split_mpi_args, start_timeout)
+from tfhvd.runner.common import (  # noqa: F401  (LaunchError and the codes re-exported)
+    EXIT_NO_MPIRUN, EXIT_UNREACHABLE, EXIT_USAGE, FORWARD_NAMES, FORWARD_PREFIXES, LaunchError,
+    forwarded_env, plan_slots, set_pdeathsig)
 from tfhvd.runner.hosts import HostError, HostSlots
 from tfhvd.runner.output import Demux, FailureTracker, Line, LineSink
 
-# Variables every rank gets from the launcher's environment, by name or prefix.
-FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
-FORWARD_PREFIXES = ("TFHVD_", "HOROVOD_", "NCCL_", "TF_")
 # mpirun options that take a value, to tell the user's choices in --mpi-args.
 _BINDING_OPTS = ("--bind-to", "-bind-to")
 _MAPPING_OPTS = ("--map-by", "-map-by")
@@ -36,19 +36,6 @@ MPI_INSTALL_HINT = (
     "Install Open MPI, e.g. on Debian/Ubuntu: sudo apt-get install -y openmpi-bin "
     "libopenmpi-dev (or run `make setup` in the tfhvd source tree), then make sure "
     "`mpirun` is on PATH.")
-
-EXIT_USAGE = 2          # bad command line / host list / missing program
-EXIT_UNREACHABLE = 3    # a host did not answer over ssh in time
-EXIT_NO_MPIRUN = 127    # as a shell says for a missing command
-
-
-class LaunchError(Exception):
-    """Something that stops the job before it starts; ``code`` is the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
 
 def resolve_hosts(args: argparse.Namespace) -> List[HostSlots]:
     """The job's hosts from ``-H``, ``--hostfile`` or the default
@@ -67,11 +54,6 @@ def resolve_hosts(args: argparse.Namespace) -> List[HostSlots]:
             "-np %d is larger than the %d slot%s of %s; lower -np or give the hosts more "
             "slots (host:slots)" % (args.num_proc, slots, "" if slots == 1 else "s", source))
     return hosts
-
-
-def forwarded_env(env: Mapping[str, str]) -> List[str]:
-    """Names of the launcher's variables that every rank receives (sorted)."""
-    return sorted(k for k in env if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))
 
 
 def _has_option(mpi_args: Sequence[str], names: Sequence[str]) -> bool:
@@ -208,18 +190,6 @@ def check_hosts(args: argparse.Namespace, hosts: Sequence[HostSlots],
                " ".join(ssh)), EXIT_UNREACHABLE)
 
 
-def _set_pdeathsig() -> None:
-    """In the child: get SIGTERM if the launcher dies, so mpirun never
-    outlives it (Linux only; elsewhere a no-op)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_job(cmd: Sequence[str], env: Mapping[str, str],
             stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
             on_line: Optional[Callable[[Line], bool]] = None,
@@ -242,7 +212,7 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
     # the handler below, instead of twice (mpirun takes a second SIGINT as
     # "kill everything now, skip the clean-up").
     proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig,
+                            stderr=subprocess.PIPE, preexec_fn=set_pdeathsig,
                             start_new_session=True)
     sink = LineSink(out, err, tracker, on_line, output_dir)
 
@@ -343,7 +313,6 @@ def run_gloo(args: argparse.Namespace, env: Mapping[str, str], **job: Any) -> in
     ``job`` goes to ``run_gloo_job`` (stdout, stderr, on_line, tracker,
     timeout)."""
     from tfhvd.runner.gloo.job import run_gloo_job
-    from tfhvd.runner.gloo.workers import plan_slots
 
     if args.mpi_args:
         raise UsageError("--mpi-args %r: a --gloo job runs without mpirun; drop --mpi-args or "

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextI
 
 from tfhvd.runner import task
 from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.common import RunError, attach_payload
 
 # tfhvd.run keyword -> tfhvdrun flag (Horovod's names, and their long forms).
 _FLAGS = {"min_np": "--min-np", "min_num_proc": "--min-np", "max_np": "--max-np",
@@ -50,7 +51,6 @@ def run_elastic_fn(fn: Callable[..., Any], args: Sequence[Any] = (),
                    stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
                    verbose: bool = False, **elastic: Any) -> List[Any]:
     """See the module docstring; raises ``RunError`` when the job fails."""
-    from tfhvd.runner.api import RunError, attach_payload
     from tfhvd.runner.elastic.launch import ElasticJob
 
     command = [executable or sys.executable, "-m", "tfhvd.runner.task"]

@@ -26,9 +26,9 @@ from tfhvd.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscov
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
     split_id
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.gloo.job import launcher_address
+from tfhvd.runner.common import Slot, launcher_address, worker_env
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.gloo.workers import Slot, Worker, remote_command, worker_env
+from tfhvd.runner.gloo.workers import Worker, remote_command
 
 TERMINATE_GRACE_S = 5.0
 EXIT_GRACE_S = 3.0

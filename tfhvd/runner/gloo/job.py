@@ -16,58 +16,19 @@
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
+from tfhvd.runner.common import (  # noqa: F401  (launcher_address, iface_of re-exported)
+    Slot, iface_of, launcher_address, worker_env)
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.gloo.workers import Slot, Worker, remote_command, worker_env
+from tfhvd.runner.gloo.workers import Worker, remote_command
 from tfhvd.runner.hosts import is_local_host
 from tfhvd.runner.output import FailureTracker, Line, LineSink
 
 _GRACE_S = 10.0
-
-
-def launcher_address(remote: Sequence[str], iface: Optional[str]) -> str:
-    """The address workers reach the rendezvous server at: 127.0.0.1 for a
-    job on this host only; the address of ``iface`` if given; else the
-    address this host uses to route to the first remote host."""
-    if not remote:
-        return "127.0.0.1"
-    if iface:
-        addr = _iface_address(iface)
-        if addr:
-            return addr
-    try:
-        target = socket.getaddrinfo(remote[0].strip("[]"), 1, socket.AF_INET)[0][4][0]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((target, 1))
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
-
-
-def _iface_address(iface: str) -> Optional[str]:
-    import fcntl
-    import struct
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", iface[:15].encode()))
-            return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
-
-
-def iface_of(addr: str) -> Optional[str]:
-    """The name of this host's interface that has ``addr``, or None."""
-    for _, name in socket.if_nameindex():
-        if _iface_address(name) == addr:
-            return name
-    return None
 
 
 class _Pump(threading.Thread):
