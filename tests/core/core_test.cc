@@ -24,6 +24,7 @@
 #include "../../tfhvd_ops/core/cpu_math.h"
 #include "../../tfhvd_ops/core/message.h"
 #include "../../tfhvd_ops/core/settings.h"
+#include "../../tfhvd_ops/core/stall_report.h"
 #include "../../tfhvd_ops/backends/tcp/shm_ring.h"
 
 #include "check.h"
@@ -665,6 +666,21 @@ void TestRuntime() {
   CHECK(!DriveUntil([&] { ran = true; }, never) && ran);
 }
 
+// Complementary rank groups waiting in different collectives are named
+// together; overlapping groups or one group alone are not a divergence.
+void TestDivergenceSummary() {
+  std::vector<StalledCollective> split = {{"bcast_b", {0}}, {"bcast_a", {0}},
+                                          {"allreduce_x", {1, 2}}};
+  std::string s = DivergenceSummary(split);
+  CHECK(s.find("different collectives") != std::string::npos);
+  CHECK(s.find("ranks [0] wait in 'bcast_a' (and 1 more)") != std::string::npos);
+  CHECK(s.find("ranks [1, 2] wait in 'allreduce_x'") != std::string::npos);
+  CHECK(s.find("allreduce_x' (and") == std::string::npos);
+  CHECK(DivergenceSummary({{"a", {0}}, {"b", {0}}}).empty());
+  CHECK(DivergenceSummary({{"a", {0, 1}}, {"b", {1, 2}}}).empty());
+  CHECK(DivergenceSummary({}).empty());
+}
+
 }  // namespace
 
 int main() {
@@ -676,6 +692,7 @@ int main() {
   TestCoordinatorFastLane();
   TestCoordinatorProcessSets();
   TestShmRing();
+  TestDivergenceSummary();
   TestRuntime();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

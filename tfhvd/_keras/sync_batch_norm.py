@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.reduction import collective_name
-from tfhvd.common import basics
+from tfhvd.common.process_sets import process_set_reduces
 from tfhvd.tensorflow.mpi_ops import Sum, _allreduce
 
 _CLASSES: Dict[str, type] = {}
@@ -127,7 +127,7 @@ def _make_keras3() -> type:
             patches.install(_flavor.KERAS3)
 
         def _moments(self, inputs, mask):
-            if basics.size() == 1:
+            if not process_set_reduces(None):  # one rank (never in elastic)
                 return super()._moments(inputs, mask)
             shift = _broadcast_shift(self.moving_mean, inputs.shape, self.axis)
             weights = None
@@ -165,7 +165,7 @@ def _make_legacy() -> type:
             patches.install(_flavor.LEGACY)
 
         def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
-            if basics.size() == 1:
+            if not process_set_reduces(None):  # one rank (never in elastic)
                 return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims,
                                                        mask=mask)
             x = tf.cast(inputs, tf.float32)

@@ -1,6 +1,7 @@
 #include "controller.h"
 
 #include "process_set.h"
+#include "stall_report.h"
 
 #include <algorithm>
 #include <map>
@@ -642,6 +643,7 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
   if (settings_.stall_shutdown_time_s > 0) limit = std::min(limit, settings_.stall_shutdown_time_s);
   DemoteWaiting(now - std::chrono::duration_cast<Clock::duration>(Secs(limit)), false);
   std::ostringstream warn;
+  std::vector<StalledCollective> stalled;
   std::vector<std::string> failed;
   for (auto& kv : table_) {
     Pending& p = kv.second;
@@ -658,12 +660,19 @@ void Coordinator::CheckStalls(Clock::time_point now, std::vector<Response>* out)
            << static_cast<int>(age)
            << " s; missing ranks " << MissingRanks(p);
     }
+    if (age >= settings_.stall_check_time_s) {  // all stalled ones, warned now or before
+      stalled.push_back({TimelineName(p.set, p.name), {}});
+      for (int r : Set(p.set)->ranks) {
+        if (p.present[r]) stalled.back().submitted.push_back(r);
+      }
+    }
   }
   if (!warn.str().empty()) {
+    std::string diverged = DivergenceSummary(stalled);
     TFHVD_LOG(*log_, kWarning,
               "stall: some ranks submitted these collectives and others did not "
               "(a rank may be stuck, crashed or running different code):"
-                  << warn.str());
+                  << warn.str() << (diverged.empty() ? "" : "\n" + diverged));
   }
   for (const auto& name : failed) {
     const Pending& p = table_[name];
