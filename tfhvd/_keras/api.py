@@ -175,7 +175,7 @@ def api_for(keras_module: ModuleType) -> SimpleNamespace:
     flavor = _flavor.flavor_of_module(keras_module)
     api = _APIS.get(flavor)
     if api is None:
-        callbacks = callback_classes(flavor)
+        callbacks = dict(callback_classes(flavor), **async_callback_classes(flavor))
         api = SimpleNamespace(flavor=flavor, SyncBatchNormalization=sync_batch_norm_class(flavor),
                               **callbacks)
         _APIS[flavor] = api
