@@ -137,6 +137,16 @@ def wait_gone(pids: Iterable[int], timeout: float = 30.0) -> List[int]:
     return [p for p in pids if alive(p)]
 
 
+def wait_for(probe, timeout: float = 60.0):
+    """``probe()``'s first truthy value within ``timeout`` (else its last)."""
+    end = time.time() + timeout
+    value = probe()
+    while not value and time.time() < end:
+        time.sleep(0.5)
+        value = probe()
+    return value
+
+
 def pids_matching(word: str) -> List[int]:
     out = []
     for d in os.listdir("/proc"):

@@ -20,11 +20,14 @@ jobs.by_value(sys.modules[__name__])
 def cluster():
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
              log_to_driver=False)
-    raylets = jobs.pids_matching("raylet")
-    assert raylets, "ray.init started no raylet"
+    # This cluster's processes (raylet, GCS, workers) name its GCS address.
+    gcs = ray.get_runtime_context().gcs_address
+    procs = jobs.pids_matching(gcs)
+    assert procs, "no process of the Ray cluster at %s found" % gcs
     yield
     ray.shutdown()
-    assert jobs.wait_gone(raylets) == [], "Ray's raylet outlived ray.shutdown()"
+    assert jobs.wait_gone(procs) == [], "Ray's processes outlived ray.shutdown()"
+    assert jobs.wait_gone(jobs.pids_matching(gcs)) == [], "Ray's workers outlived it"
 
 
 def _executor(**kw) -> RayExecutor:
@@ -138,3 +141,26 @@ def _kill_one_once(d: str) -> None:
     pids = jobs.wait_pids(d, 2)
     time.sleep(2)
     jobs.kill(pids[1])
+
+
+def test_engines_are_optional_extras():
+    """``import tfhvd`` loads neither engine; without one, its package says
+    which extra installs it."""
+    import subprocess
+
+    code = ("import sys\n"
+            "import tfhvd, tfhvd.tensorflow, tfhvd.runner\n"
+            "assert 'ray' not in sys.modules and 'pyspark' not in sys.modules\n"
+            "sys.modules['ray'] = None\n"
+            "sys.modules['pyspark'] = None\n"
+            "for mod, extra in (('tfhvd.ray', 'tfhvd[ray]'), ('tfhvd.spark', 'tfhvd[spark]')):\n"
+            "    try:\n"
+            "        __import__(mod)\n"
+            "    except ImportError as e:\n"
+            "        assert 'pip install ' + extra in str(e), str(e)\n"
+            "    else:\n"
+            "        raise SystemExit(mod + ' imported without its engine')\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

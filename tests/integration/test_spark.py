@@ -30,7 +30,13 @@ def spark():
         .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
         .config("spark.python.worker.reuse", "false").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    executors = jobs.pids_matching("CoarseGrainedExecutorBackend")
+    conf = session.sparkContext.getConf()
+    # The executors' command lines name the driver's scheduler endpoint.
+    endpoint = "CoarseGrainedScheduler@%s:%s" % (conf.get("spark.driver.host"),
+                                                 conf.get("spark.driver.port"))
+    jobs.wait_for(lambda: len(jobs.pids_matching(endpoint)) >= 2)
+    executors = jobs.pids_matching(endpoint)
+    assert len(executors) == 2, "local-cluster[2,1,1024] started %r" % executors
     yield session
     session.stop()
     assert jobs.wait_gone(executors) == [], "Spark's executors outlived spark.stop()"
