@@ -11,13 +11,31 @@ compared exactly through an allgather.
 import os
 import tempfile
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfhvd.keras as hvd
 import tfhvd.tensorflow as thvd
+from tfhvd.tensorflow.local_sgd import optimizer_slots
+
+# The same checks run under tf-keras: test_tf_keras_runs_these_checks starts
+# this file as a job of its own with TF_USE_LEGACY_KERAS=1 (async_legacy_job.py).
+LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+if LEGACY:
+    import tfhvd.tensorflow.keras as hvd
+
+    keras = tf.keras
+else:
+    import keras
+
+    import tfhvd.keras as hvd
+
+
+def apply(opt, grads, variables):
+    """Keras 3's ``apply`` / tf-keras's ``apply_gradients``."""
+    if LEGACY:
+        return opt.apply_gradients(zip(grads, variables))
+    return opt.apply(grads, variables)
 
 B, STEPS, LR, DIM = 8, 6, 0.05, 4
 W0 = np.array([[0.5], [-0.25], [0.125], [1.0]], np.float32)
@@ -147,12 +165,12 @@ def test_staleness1_tape_custom_loop_and_flush():
             loss = tf.reduce_mean(tf.square(m(x) - y))
         tape = thvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
         grads = tape.gradient(loss, m.trainable_variables)
-        opt.apply(grads, m.trainable_variables)
+        apply(opt, grads, m.trainable_variables)
 
     for t in range(STEPS):
         step(*batch(hvd.rank(), t))
     grads = delayed.flush()
-    opt.apply(grads, m.trainable_variables)
+    apply(opt, grads, m.trainable_variables)
     assert_ranks_equal(m)
     np.testing.assert_allclose(flat(m.get_weights()), ref_stale(), rtol=2e-5, atol=2e-6)
     assert delayed.flush() == [] or all(
@@ -167,10 +185,10 @@ def test_staleness1_tape_without_delayed_object_keeps_one_per_sources():
             loss = tf.reduce_mean(tf.square(m(batch(hvd.rank(), t)[0]) - batch(hvd.rank(), t)[1]))
         grads = thvd.DistributedGradientTape(tape, staleness=1).gradient(
             loss, m.trainable_variables)
-        opt.apply(grads, m.trainable_variables)
+        apply(opt, grads, m.trainable_variables)
     delayed = thvd.delayed_gradients_for(m.trainable_variables)
     assert delayed is not None
-    opt.apply(delayed.flush(), m.trainable_variables)
+    apply(opt, delayed.flush(), m.trainable_variables)
     np.testing.assert_allclose(flat(m.get_weights()), ref_stale(), rtol=2e-5, atol=2e-6)
 
 
@@ -180,7 +198,7 @@ def _stale_keras_loop(m, opt, steps):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(m(x) - y))
         grads = tape.gradient(loss, m.trainable_variables)
-        opt.apply(grads, m.trainable_variables)
+        apply(opt, grads, m.trainable_variables)
 
     for t in steps:
         step(*batch(hvd.rank(), t))
@@ -245,8 +263,8 @@ def test_local_sgd_period1_is_the_synchronous_run():
 def test_local_sgd_averages_optimizer_state():
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9))
     m = fit(model(), opt, [hvd.LocalSGD(period=2, average_optimizer_state=True)])
-    slots = [v for v in opt.variables if "momentum" in v.path]
-    assert slots
+    slots = optimizer_slots(opt)
+    assert [tuple(s.shape) for s in slots] == [(DIM, 1), (1,)]  # the two momenta
     every = hvd.allgather(tf.constant(flat([s.numpy() for s in slots])[None, :])).numpy()
     for r in range(1, hvd.size()):
         np.testing.assert_array_equal(every[r], every[0])
@@ -298,7 +316,7 @@ def test_tf_local_sgd_custom_loop_and_period1_bit_for_bit():
                 grads = tape.gradient(loss, m.trainable_variables)
             else:
                 grads = local_sgd.reduce_gradients(tape.gradient(loss, m.trainable_variables))
-            opt.apply(grads, m.trainable_variables)
+            apply(opt, grads, m.trainable_variables)
             if local_sgd is not None:
                 return local_sgd.step(m.trainable_variables, opt)
             return tf.constant(False)
@@ -341,3 +359,17 @@ def test_local_sgd_over_a_process_set():
         assert int(ls.steps.numpy()) == 2
     finally:
         thvd.remove_process_set(ps)
+
+
+def test_tf_keras_runs_these_checks():
+    if LEGACY:
+        pytest.skip("this is the tf-keras run itself")
+    pytest.importorskip("tf_keras", reason="tf-keras is not installed")
+    import test_keras_legacy as legacy  # its launcher: a job of the same size, then wait
+
+    saved = legacy.JOB
+    legacy.JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "async_legacy_job.py")
+    try:
+        legacy.test_tf_keras_legacy_job()
+    finally:
+        legacy.JOB = saved

@@ -186,6 +186,7 @@ class LocalSGDImpl:
         self.averages = 0  # how many averaging steps this callback ran
         self._reduction = None
         self._last_averaged = -1
+        self._average_fn = None
         self._name = "LocalSGDCallback%d" % _LOCAL_SGD_INSTANCES[0]
         _LOCAL_SGD_INSTANCES[0] += 1
 
@@ -236,7 +237,14 @@ class LocalSGDImpl:
         targets = [w for w in self.model.weights]
         if self.average_optimizer_state:
             targets += optimizer_slots(self._optimizer())
-        average_variables(targets, self.process_set, self._name)
+        key = tuple(id(t) for t in targets)
+        if self._average_fn is None or self._average_fn[0] != key:
+            # One traced function per list of variables: one op call, not one per variable.
+            def average() -> None:
+                average_variables(targets, self.process_set, self._name)
+
+            self._average_fn = (key, tf.function(average, autograph=False))
+        self._average_fn[1]()
         self._last_averaged = n
         self.averages += 1
         if self.state is not None:

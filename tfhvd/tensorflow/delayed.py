@@ -216,12 +216,21 @@ class DelayedGradients(tf.Module):
         variables, scope = self._variables, self._scope
         vars_arg = None if all(v is None for v in variables) else variables
 
+        # One call that loops until the queues close: no Python (and no wait for
+        # the GIL) between two steps' allreduces.  One iteration at a time, so two
+        # steps' collectives of one name are never in flight together.
         @tf.function(autograph=False)
         def background() -> None:
-            with tf.name_scope(scope):
+            def body(i):
                 values = _as_list(send.dequeue())
                 reduced = reduce_fn(values, vars_arg)
-                recv.enqueue([tf.convert_to_tensor(r) for r in reduced])
+                done = recv.enqueue([tf.convert_to_tensor(r) for r in reduced])
+                with tf.control_dependencies([done]):
+                    return i + 1
+
+            with tf.name_scope(scope):
+                tf.while_loop(lambda i: True, body, [tf.constant(0, tf.int64)],
+                              parallel_iterations=1)
 
         owner = weakref.ref(self)
 
