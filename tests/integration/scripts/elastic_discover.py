@@ -5,8 +5,9 @@ entry of a schedule whose condition holds.
 ``[condition, ["host:slots", ...]]``.  A condition is ``{}`` (always),
 ``{"epoch": N}`` (some worker logged ``epoch`` >= N, see elastic_train.py),
 ``{"fault": true}`` (a fault was injected), ``{"after_fault_s": S}`` (S
-seconds after the first fault) or ``{"commits": N}`` (rank 0 of a Horovod
-example logged N commits, see horovod_examples/_local_data.py).  No TensorFlow: it runs every second.
+seconds after the first fault) or ``{"commits": N}`` (rank 0 of an elastic
+test program logged N commits, see programs/_support.py).  No TensorFlow: it
+runs every second.
 """
 
 import glob
