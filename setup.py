@@ -1,10 +1,13 @@
 """Builds tfhvd: the Python package plus one TensorFlow custom-op library.
 
-The library is compiled by CMake from ``tfhvd_ops/`` against the TensorFlow
-installed in the running Python (``tf.sysconfig`` flags), with MPI found
-through ``mpicc``.  Install with ``pip install --no-build-isolation .`` so
-that the library links the same TensorFlow it will run with (``make setup``
-does this for you).
+The package's metadata and dependencies are in pyproject.toml; this file is
+the build driver.  The library is compiled by CMake from ``tfhvd_ops/``
+against the TensorFlow installed in the running Python (``tf.sysconfig``
+flags), with MPI found through ``mpicc``.  Install with
+``pip install --no-build-isolation .`` so that the library links the same
+TensorFlow it will run with (``make setup`` does this for you); the library
+records that TensorFlow's version, and ``import tfhvd.tensorflow`` refuses to
+load it under another one (tfhvd/common/library.py).
 """
 
 import importlib.util
@@ -13,28 +16,10 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-
-
-def read_requirements() -> list:
-    """Dependencies, pinned in requirements.txt (the one place)."""
-    reqs = []
-    with open(os.path.join(ROOT, "requirements.txt")) as f:
-        for line in f:
-            line = line.split("#")[0].strip()
-            if line and not line.startswith("-") and not line.startswith("pytest"):
-                reqs.append(line)
-    return reqs
-
-
-def read_version() -> str:
-    scope: dict = {}
-    with open(os.path.join(ROOT, "tfhvd", "version.py")) as f:
-        exec(f.read(), scope)
-    return scope["__version__"]
 
 
 def gpu_cmake_args(tf) -> list:
@@ -106,6 +91,10 @@ class CMakeBuild(build_ext):
             "-DTF_LINK_FLAGS=" + lflags,
             "-DTFHVD_OUTPUT_DIR=" + build_dir,
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("TFHVD_BUILD_TYPE", "Release"),
+            "-DTFHVD_TF_VERSION=" + tf.__version__,
+            # The test programs of tests/core (a source checkout); an sdist has no tests/.
+            "-DTFHVD_BUILD_CORE_TEST=" + ("ON" if os.path.isdir(os.path.join(ROOT, "tests", "core"))
+                                          else "OFF"),
         ] + gpu_cmake_args(tf) + backend_cmake_args(os.environ)
         stamp = os.path.join(build_dir, "tfhvd-configure-args")
         old = open(stamp).read() if os.path.exists(stamp) else None
@@ -122,24 +111,8 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, target)
 
 
+# Name, version, dependencies, extras and scripts: pyproject.toml.
 setup(
-    name="tfhvd",
-    version=read_version(),
-    description="Horovod-compatible data-parallel training for TensorFlow 2.21+ and Keras 3",
-    long_description=open(os.path.join(ROOT, "README.md")).read()
-    if os.path.exists(os.path.join(ROOT, "README.md"))
-    else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.9",
-    packages=find_packages(include=["tfhvd", "tfhvd.*"]),
     ext_modules=[CMakeExtension("tfhvd.tfhvd_ops")],
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=read_requirements(),
-    entry_points={
-        "console_scripts": [
-            "tfhvdrun = tfhvd.runner.launch:main",
-            "tfhvd-timeline = tfhvd.runner.timeline_cli:main",
-        ],
-    },
-    zip_safe=False,
 )

@@ -5,14 +5,27 @@ register while it loads the file); ctypes then opens the same, already loaded
 file for the C API.  Every front end (``tfhvd.tensorflow``, ``tfhvd.keras``,
 ``tfhvd.tensorflow.keras``) goes through :func:`load`, so they share one
 runtime.
+
+The library is built against one TensorFlow release and records its version
+(``tfhvd_ops/tensorflow/build_info.cc``).  A library built against another
+TensorFlow than the one running may not load, or may crash later (TensorFlow's
+C++ ABI changes between releases), so :func:`load` checks first and raises an
+ImportError that names both versions and says how to rebuild.
 """
 
 import ctypes
 import os
+import re
 import threading
 from typing import Any, Optional, Tuple
 
 _LIB_NAME = "tfhvd_ops.so"
+# The marker build_info.cc compiles into the library, followed by the version and a NUL.
+_TF_VERSION_MARKER = b"tfhvd-built-against-tensorflow="
+REBUILD_HINT = (
+    "Rebuild tfhvd against the TensorFlow of this Python: "
+    "pip install --no-build-isolation --force-reinstall --no-deps <tfhvd source directory or "
+    "sdist> (in a tfhvd source checkout with its own venv: make setup)")
 _lock = threading.Lock()
 _loaded: Optional[Tuple[Any, ctypes.CDLL]] = None
 
@@ -20,6 +33,44 @@ _loaded: Optional[Tuple[Any, ctypes.CDLL]] = None
 def library_path() -> str:
     """Path of the compiled library inside the installed package."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), _LIB_NAME)
+
+
+def built_tf_version(path: Optional[str] = None) -> Optional[str]:
+    """The TensorFlow version the library at ``path`` (default: the package's)
+    was built against, read from the file without loading it; None when the
+    library carries no version (built by hand without setup.py)."""
+    with open(path or library_path(), "rb") as f:
+        data = f.read()
+    start = data.find(_TF_VERSION_MARKER)
+    if start < 0:
+        return None
+    start += len(_TF_VERSION_MARKER)
+    end = data.find(b"\0", start)
+    version = data[start:end].decode("ascii", errors="replace")
+    return version or None
+
+
+def _release(version: str) -> Tuple[int, ...]:
+    """(major, minor) of a TensorFlow version string ("2.21.0", "2.22.0-rc1")."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+
+
+def check_tf_version(built: Optional[str], running: str, path: str) -> None:
+    """Raises ImportError when the library (at ``path``) was built against a
+    different TensorFlow release (major.minor) than the ``running`` one.
+
+    Patch releases of one release line are not told apart (they are fix
+    releases from the same branch): a library built against 2.21.0 loads
+    under 2.21.1.  A library without a recorded version (``built`` None) is
+    not checked.
+    """
+    if built is None or _release(built) == _release(running):
+        return
+    raise ImportError(
+        "tfhvd's compiled library (%s) was built against TensorFlow %s, but this Python "
+        "runs TensorFlow %s; a custom-op library only works with the TensorFlow release it "
+        "was compiled against. %s." % (path, built, running, REBUILD_HINT))
 
 
 def load() -> Tuple[Any, ctypes.CDLL]:
@@ -36,6 +87,7 @@ def load() -> Tuple[Any, ctypes.CDLL]:
             )
         import tensorflow as tf
 
+        check_tf_version(built_tf_version(path), tf.__version__, path)
         ops = tf.load_op_library(path)
         capi = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         _declare(capi)
