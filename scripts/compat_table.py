@@ -18,31 +18,65 @@ from typing import Dict, List, Optional, Tuple
 
 MODULES = [("horovod.tensorflow", "tfhvd.tensorflow"),
            ("horovod.tensorflow.keras", "tfhvd.tensorflow.keras"),
-           ("horovod.keras", "tfhvd.keras")]
+           ("horovod.keras", "tfhvd.keras"),
+           ("horovod.tensorflow.mpi_ops", "tfhvd.tensorflow.mpi_ops"),
+           ("horovod.common.util", "tfhvd.common.util")]
+# What a factory function returns is an instance of a class Horovod defines
+# inside the module (or inside a function): its methods are API too.
+# (module, function) -> (module holding the class, class name).
+RETURNED = {
+    ("horovod.tensorflow", "DistributedGradientTape"): ("horovod.tensorflow",
+                                                        "_DistributedGradientTape"),
+    ("horovod.tensorflow", "PartialDistributedGradientTape"): ("horovod.tensorflow",
+                                                               "_DistributedGradientTape"),
+    ("horovod.tensorflow", "DistributedOptimizer"): ("horovod.tensorflow",
+                                                     "_DistributedOptimizer"),
+    ("horovod.tensorflow.keras", "DistributedOptimizer"): ("horovod._keras",
+                                                           "_DistributedOptimizer"),
+    ("horovod.keras", "DistributedOptimizer"): ("horovod._keras", "_DistributedOptimizer"),
+    ("horovod.keras", "PartialDistributedOptimizer"): ("horovod._keras",
+                                                       "_DistributedOptimizer"),
+}
+# Private members Horovod's own programs and tests call on those objects.
+USED_PRIVATE = {"_compute_gradients", "_aggregate_gradients", "_agg_helper",
+                "_get_process_set_ids_and_ranks", "_process_set_rank", "_process_set_size",
+                "_add_process_set_impl", "_remove_process_set_impl", "_comm_process_set_id",
+                "_basics", "_check_has_gpu"}
+# tf-keras only (TF_USE_LEGACY_KERAS=1): Keras 3 optimizers have no such method.
+TF_KERAS_ONLY = {"compute_gradients", "_compute_gradients", "get_gradients",
+                 "_aggregate_gradients", "_agg_helper"}
 # Third-party modules Horovod's files import at top level: not Horovod API.
 THIRD_PARTY = {"tf", "keras", "K", "version", "os", "warnings", "inspect", "re", "io",
                "np", "cloudpickle", "ops"}
 PROCESS_SET_NAMES = {"ProcessSet", "add_process_set", "remove_process_set",
-                     "global_process_set", "process_set_included_op"}
+                     "global_process_set"}
 
 # name -> (status, note) where the comparison alone cannot say why.
 NOTES: Dict[str, Tuple[str, str]] = {
-    "check_extension": ("missing", "Horovod's build-check helper, imported by accident; not API"),
-    "gpu_available": ("missing", "Horovod's internal helper (horovod.common.util); not API"),
-    "split_list": ("missing", "Horovod's internal helper (horovod.common.util); not API"),
-    "vars_to_refs": ("missing", "Horovod's internal helper (needs .ref(), which Keras 3 "
-                     "variables lack); not API"),
-    "refs_to_vars": ("missing", "Horovod's internal helper; not API"),
     "LocalGradientAggregationHelper": ("missing", "Horovod's internal class behind "
                                        "backward_passes_per_step; tfhvd accumulates inside "
-                                       "its DistributedOptimizer"),
+                                       "its DistributedOptimizer (`_agg_helper.counter` as "
+                                       "Horovod's, under tf-keras)"),
     "LocalGradientAggregationHelperEager": ("missing", "internal, see "
                                             "LocalGradientAggregationHelper"),
-    "elastic": ("same", "`hvd.elastic.run`, the states and (Keras) the callbacks; see README "
-                "\"Elastic training\""),
+    "gradient_aggregation": ("missing", "Horovod's internal module of "
+                             "LocalGradientAggregationHelper (see that row)"),
+    "gradient_aggregation_eager": ("missing", "internal, see LocalGradientAggregationHelper"),
+    "sync_batch_norm": ("missing", "not a module in tfhvd: `hvd.SyncBatchNormalization` is "
+                        "there (tfhvd._keras.sync_batch_norm)"),
+    "elastic": ("same", "`hvd.elastic.run`, the states and (Keras) the callbacks; see "
+                "docs/elastic.md"),
     "mlsl_built": ("missing", "removed from Horovod itself"),
-    "is_version_greater_equal_than": ("missing", "Horovod's internal version helper, imported "
-                                      "by accident; not API"),
+    "MPI_LIB": ("missing", "Horovod's loaded op library; tfhvd's ops load on first use "
+                "(tfhvd.common.library.load())"),
+    "check_installed_version": ("missing", "checks Horovod's build metadata.json against the "
+                                "installed TensorFlow; tfhvd is built by pip against the "
+                                "installed TensorFlow"),
+    "HorovodVersionMismatchError": ("missing", "raised only by check_installed_version"),
+    "get_version_mismatch_message": ("missing", "used only by check_installed_version"),
+    "is_version_greater_equal_than": ("missing", "Horovod's version helper, imported by "
+                                      "accident here; tfhvd has it in tfhvd.common.util "
+                                      "(where Horovod's tests import it from)"),
 }
 # name -> extra note for names that differ (appended to the computed one).
 DIFFERS: Dict[str, str] = {
@@ -121,9 +155,55 @@ class Source:
                 elif isinstance(node, ast.Import):
                     pass  # modules: tf, os, ...
         visit(tree.body)
+        if out.get("init") == ("function", ["*args", "**kwargs"]):  # a HorovodBasics wrapper
+            out["init"] = self._assigned(module, ast.Attribute(value=ast.Name(id="_basics"),
+                                                               attr="init"))
+        # Submodules a `from horovod.x.sub import ...` made attributes (hvd.mpi_ops).
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.startswith(module + "."):
+                sub = node.module[len(module) + 1:].split(".")[0]
+                if not sub.startswith("_") and sub not in out:
+                    out[sub] = ("module", None)
         self.cache[module] = {k: v for k, v in out.items()
-                              if not k.startswith("_") and k not in THIRD_PARTY}
+                              if (not k.startswith("_") or k in USED_PRIVATE)
+                              and k not in THIRD_PARTY}
         return dict(self.cache[module])
+
+    def find_class(self, module: str, name: str) -> Optional[ast.ClassDef]:
+        """The class `name` defined anywhere in `module` (also inside a function)."""
+        tree = self.tree(module)
+        for node in ast.walk(tree) if tree is not None else []:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+        return None
+
+    def methods(self, node: ast.ClassDef) -> Dict[str, Tuple[str, Optional[List[str]]]]:
+        """Public methods (and properties) of a class, with Horovod's parameters."""
+        out: Dict[str, Tuple[str, Optional[List[str]]]] = {}
+        for item in node.body:
+            if isinstance(item, (ast.If, ast.Try)):
+                fake = ast.ClassDef(name=node.name, bases=[], keywords=[],
+                                    body=item.body + list(getattr(item, "orelse", [])),
+                                    decorator_list=[])
+                for k, v in self.methods(fake).items():
+                    out.setdefault(k, v)
+                continue
+            if not isinstance(item, ast.FunctionDef):
+                continue
+            if item.name.startswith("_") and item.name not in USED_PRIVATE:
+                continue
+            prop = any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)
+            out[item.name] = ("property", None) if prop else ("method",
+                                                              _params(item, drop_self=True))
+        # Attributes the constructor sets that programs read (`self._agg_helper`).
+        for item in ast.walk(node):
+            if isinstance(item, ast.Assign):
+                for t in item.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                            and t.value.id == "self" and t.attr in USED_PRIVATE:
+                        out.setdefault(t.attr, ("attribute", None))
+        return out
 
     def _class_params(self, node: ast.ClassDef) -> Optional[List[str]]:
         for item in node.body:
@@ -178,10 +258,13 @@ def tfhvd_params(obj) -> Optional[List[str]]:
     return out
 
 
-def row(name: str, kind: str, hparams: Optional[List[str]], module) -> str:
-    obj = getattr(module, name, None)
+def row(name: str, kind: str, hparams: Optional[List[str]], module, obj=None) -> str:
+    if obj is None:
+        obj = getattr(module, name, None)
+    if kind in ("method", "property", "attribute"):
+        return member_row(name, kind, hparams, obj)
     hp = "-" if hparams is None else ", ".join(hparams) or "(none)"
-    if name in NOTES:
+    if name in NOTES and (NOTES[name][0] != "missing" or obj is None):
         status, note = NOTES[name]
         params = hp
     elif name in PROCESS_SET_NAMES:
@@ -211,6 +294,81 @@ def row(name: str, kind: str, hparams: Optional[List[str]], module) -> str:
     return "| `%s` | %s | %s | %s | %s |" % (name, kind, status, params, note)
 
 
+# Members whose status the comparison alone cannot decide: name -> (status, note).
+MEMBER_NOTES: Dict[str, Tuple[str, str]] = {
+    "DistributedOptimizer()._agg_helper": (
+        "missing", "tf.compat.v1 optimizers: backward_passes_per_step > 1 raises "
+        "NotImplementedError, so there is no aggregation helper"),
+}
+
+
+def member_row(name: str, kind: str, hparams: Optional[List[str]], owner) -> str:
+    """A row for `Owner.member` (`owner` is tfhvd's class or instance, or None)."""
+    member = name.rsplit(".", 1)[-1]
+    hp = "-" if hparams is None else ", ".join(hparams) or "(none)"
+    if member in TF_KERAS_ONLY and "Optimizer()" in name and _keras3_owner(owner):
+        return ("| `%s` | %s | differs | %s | tf-keras only (`TF_USE_LEGACY_KERAS=1`, checked "
+                "there by the test): Keras 3 optimizers have no %s; `model.fit` and "
+                "`apply_gradients` reduce |" % (name, kind, hp, member))
+    if name in MEMBER_NOTES:
+        status, note = MEMBER_NOTES[name]
+        return "| `%s` | %s | %s | %s | %s |" % (name, kind, status, hp, note)
+    if owner is None or not hasattr(owner, member):
+        return "| `%s` | %s | missing | %s | not implemented |" % (name, kind, hp)
+    value = getattr(owner, member)
+    if kind != "method" or not callable(value):
+        return "| `%s` | %s | same | %s |  |" % (name, kind, hp)
+    tp = tfhvd_params(value)
+    if tp is not None and tp and tp[0] == "self":
+        tp = tp[1:]
+    if hparams is None or tp is None or tp == hparams or tp == ["*args", "**kwargs"] \
+            or hparams == ["*args", "**kwargs"]:
+        note = ""
+        if tp is not None and hparams is not None and tp != hparams:
+            note = ("Horovod's (%s) through tfhvd's (%s)" % (", ".join(hparams),
+                                                           ", ".join(tp) or "none"))
+        return "| `%s` | %s | same | %s | %s |" % (name, kind, hp, note)
+    extra = [p for p in tp if p not in hparams]
+    lacks = [p for p in hparams if p not in tp]
+    bits = []
+    if tp[:len(hparams)] == hparams:
+        bits.append("Horovod's parameters in Horovod's order, then " + ", ".join(extra))
+    else:
+        if lacks:
+            bits.append("lacks " + ", ".join(lacks))
+        if extra:
+            bits.append("adds " + ", ".join(extra))
+        if not bits:
+            bits.append("parameter order differs")
+    return "| `%s` | %s | differs | %s | %s |" % (name, kind, ", ".join(tp) or "(none)",
+                                                  "; ".join(bits))
+
+
+def _keras3_owner(owner) -> bool:
+    return owner is not None and not type(owner).__module__.startswith("tf_keras") and any(
+        k.__module__.startswith("keras") for k in type(owner).__mro__)
+
+
+def instance_of(tmod: str, func: str):
+    """An object the tfhvd factory `func` of `tmod` returns, to look up methods on."""
+    import tensorflow as tf
+
+    module = importlib.import_module(tmod)
+    fn = getattr(module, func, None)
+    if fn is None:
+        return None
+    module.init() if hasattr(module, "init") else None
+    if "Tape" in func:
+        return fn(tf.GradientTape())
+    if tmod == "tfhvd.tensorflow":
+        return fn(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    import keras
+
+    if func.startswith("Partial"):
+        return fn(keras.optimizers.SGD(0.1), local_layers=[keras.layers.Dense(1)])
+    return fn(keras.optimizers.SGD(0.1))
+
+
 def main(root: str) -> None:
     src = Source(root)
     for hmod, tmod in MODULES:
@@ -230,6 +388,25 @@ def main(root: str) -> None:
             if name.startswith("callbacks."):
                 obj_module, short = module.callbacks, name.split(".", 1)[1]
             print(row(short, kind, params, obj_module).replace("`%s`" % short, "`%s`" % name, 1))
+            # The methods of a public class, and of what a factory returns.
+            node, owner, prefix = None, None, name
+            if kind == "class":
+                mod = hmod + ".callbacks" if name.startswith("callbacks.") else hmod
+                node = src.find_class(mod, short)
+                owner = getattr(obj_module, short, None)
+            elif name == "_basics":  # Horovod's HorovodBasics instance
+                node = src.find_class("horovod.common.basics", "HorovodBasics")
+                owner = getattr(module, "_basics", None)
+            elif (hmod, name) in RETURNED:
+                cmod, cname = RETURNED[(hmod, name)]
+                node = src.find_class(cmod, cname)
+                owner = instance_of(tmod, name)
+                prefix = name + "()"
+            if node is None:
+                continue
+            for mname, (mkind, mparams) in sorted(src.methods(node).items()):
+                print(row("%s.%s" % (prefix, mname), mkind, mparams, None, 
+                          obj=owner if owner is not None else False))
 
 
 if __name__ == "__main__":

@@ -238,9 +238,40 @@ class _LegacyDistributed(_DistributedMixin):
         self._tfhvd_pre_reduced = True
         return self._tfhvd.reduce(grads, params)
 
+    # Horovod's compute_gradients path (tfhvd._keras.legacy_compute): gradients
+    # reduced where computed, accumulated by `_agg_helper`; minimize() (fit)
+    # keeps tfhvd's reduce-when-applied path.
+    def compute_gradients(self, loss, var_list, tape=None):
+        """The gradients of ``loss``, reduced across ranks (Horovod's override)."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        from tfhvd._keras import legacy_compute
+
+        return legacy_compute.compute_gradients(self, super(), loss, var_list, grad_loss, tape)
+
+    def minimize(self, *args, **kwargs):
+        from tfhvd._keras import legacy_compute
+
+        with legacy_compute.InMinimize(self):
+            return super().minimize(*args, **kwargs)
+
+    @property
+    def _agg_helper(self):
+        """Horovod's gradient-aggregation helper (``counter``), or None without
+        ``backward_passes_per_step > 1``."""
+        from tfhvd._keras import legacy_compute
+
+        if self._tfhvd.backward_passes_per_step == 1:
+            return None
+        return legacy_compute.AggregationHelper(self)
+
     def _tfhvd_aggregate(self, grads_and_vars):
+        from tfhvd._keras import legacy_compute
+
         pairs = list(grads_and_vars)
-        if self.__dict__.pop("_tfhvd_pre_reduced", False):
+        if self.__dict__.pop("_tfhvd_pre_reduced", False) or legacy_compute.pre_reduced(self,
+                                                                                       pairs):
             return pairs
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
@@ -248,17 +279,22 @@ class _LegacyDistributed(_DistributedMixin):
                         strict=True))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        from tfhvd._keras import legacy_compute
+
         reduction = self._tfhvd
         steps = reduction.backward_passes_per_step
         parent_apply = super().apply_gradients
+        grads_and_vars = list(grads_and_vars)
+        if legacy_compute.pre_reduced(self, grads_and_vars):
+            return legacy_compute.apply_pre_reduced(self, parent_apply, grads_and_vars, args,
+                                                    kwargs)
         if steps == 1:
             return parent_apply(grads_and_vars, *args, **kwargs)
         pairs = [(g, v) for g, v in grads_and_vars]
         variables = [v for _, v in pairs]
         if reduction.accumulators is None:
+            legacy_compute.counter_of(reduction)  # (shared with _agg_helper)
             with tf.init_scope():
-                reduction.counter = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                                name="tfhvd_local_steps")
                 reduction.accumulators = [
                     None if g is None else tf.Variable(tf.zeros(v.shape, v.dtype),
                                                        trainable=False,

@@ -541,9 +541,11 @@ from tfhvd.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, 
 from tfhvd.common.horovod_basics import HorovodBasics as _HorovodBasics  # noqa: E402
 from tfhvd.common.process_sets import add_process_set, remove_process_set  # noqa: E402,F401
 from tfhvd.common.util import (get_average_backwards_compatibility_fun,  # noqa: E402,F401
-                               gpu_available, num_rank_is_power_2)
+                               get_ext_suffix, gpu_available, num_rank_is_power_2)
 
 _basics = _HorovodBasics()
+handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_basics)
+check_num_rank_power_of_2 = num_rank_is_power_2
 
 
 def _check_has_gpu() -> bool:
