@@ -190,3 +190,21 @@ def test_mpi_ops_basics_process_set_table():
     finally:
         hvd.remove_process_set(first)
     assert basics._get_process_set_ids_and_ranks() == {0: list(range(n))}
+
+
+# ------------------------------------------------------------ Keras 3's _agg_helper
+
+def test_keras3_agg_helper_counter_counts_batches_since_the_update():
+    import keras
+
+    import tfhvd.keras as hvd_keras
+
+    assert hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1))._agg_helper is None
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=opt, loss="mse")
+    x = np.ones((4, 3), np.float32)
+    y = np.ones((4, 1), np.float32)
+    for step in range(3):
+        model.train_on_batch(x, y)
+        assert int(opt._agg_helper.counter.numpy()) == (step + 1) % 2

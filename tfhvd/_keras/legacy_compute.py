@@ -51,6 +51,17 @@ class AggregationHelper:
         self._opt.register_local_var(var)
 
 
+class Keras3AggregationView(AggregationHelper):
+    """Keras 3's ``_agg_helper``: Keras accumulates (``gradient_accumulation_steps``)
+    and counts every batch in ``_iterations`` (``iterations`` counts updates), so
+    the counter is ``_iterations mod N``."""
+
+    @property
+    def counter(self) -> tf.Tensor:
+        batches = tf.convert_to_tensor(self._opt._iterations)
+        return tf.math.floormod(batches, tf.cast(self.backward_passes_per_step, batches.dtype))
+
+
 def counter_of(reduction: Any) -> tf.Variable:
     """The reduction's accumulation counter, created on first use."""
     if reduction.counter is None:

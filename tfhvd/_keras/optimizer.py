@@ -201,6 +201,16 @@ class _DistributedMixin(DistributedOptimizerBase):
 class _Keras3Distributed(_DistributedMixin):
     """Keras 3: reduce at the start of ``_clip_gradients`` (see the module docstring)."""
 
+    @property
+    def _agg_helper(self):
+        """Horovod's ``_agg_helper`` (its ``counter``: batches since the last update),
+        or None without ``backward_passes_per_step > 1``."""
+        from tfhvd._keras import legacy_compute
+
+        if self._tfhvd.backward_passes_per_step == 1:
+            return None
+        return legacy_compute.Keras3AggregationView(self)
+
     def _backend_apply_gradients(self, grads, trainable_variables):
         reduction = self._tfhvd
         reduction.current_variables = list(trainable_variables)
