@@ -150,6 +150,13 @@ class ElasticRayExecutor:
         return results
 
 
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
 class _ElasticRayJob:
     def __init__(self, ex: ElasticRayExecutor, fn: Callable, args: List, kwargs: Dict) -> None:
         self.ex, self.fn, self.args, self.kwargs = ex, fn, args, kwargs
@@ -165,6 +172,7 @@ class _ElasticRayJob:
         self.actors: Dict[str, Any] = {}
         self.results: Dict[str, Tuple[int, Any]] = {}
         self.errors: Dict[str, BaseException] = {}
+        self.finished: List[Any] = []
         self.last_round = 0
         self.rendezvous = RendezvousServer(bind)
         self.rendezvous_port = self.rendezvous.start()
@@ -229,20 +237,20 @@ class _ElasticRayJob:
         with self.lock:
             if self.actors.get(wid) is actor:
                 del self.actors[wid]
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        if code:
+            _kill(actor)
+        else:
+            # A finished worker's process stays until the job ends: peers
+            # still shutting down their world must not see it vanish.
+            with self.lock:
+                self.finished.append(actor)
         self.driver.worker_exited(wid, code)
 
     def _terminate(self, wid: str) -> None:
         with self.lock:
             actor = self.actors.get(wid)
         if actor is not None:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            _kill(actor)
 
     def _discover(self) -> None:
         while not self.driver.done:
@@ -267,6 +275,10 @@ class _ElasticRayJob:
                 wids = list(self.actors)
             for wid in wids:
                 self._terminate(wid)
+            with self.lock:
+                finished, self.finished = self.finished, []
+            for actor in finished:
+                _kill(actor)
             self.service.stop()
             self.rendezvous.stop()
         if error:
