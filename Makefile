@@ -111,7 +111,7 @@ demo: setup
 SKIP_REPORT_DIR := $(abspath $(BUILD_DIR))/test-skips
 test: export TESTS_SKIP_REPORT_DIR := $(SKIP_REPORT_DIR)
 test: setup skip-report-reset test-core test-single test-parallel test-parallel-np4 test-gloo \
-	test-integration test-elastic test-gpu-build docker-check test-docs
+	test-integration test-elastic test-engines test-gpu-build docker-check test-docs
 	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
 
