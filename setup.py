@@ -6,8 +6,8 @@ against the TensorFlow installed in the running Python (``tf.sysconfig``
 flags), with MPI found through ``mpicc``.  Install with
 ``pip install --no-build-isolation .`` so that the library links the same
 TensorFlow it will run with (``make setup`` does this for you); the library
-records that TensorFlow's version, and ``import tfhvd.tensorflow`` refuses to
-load it under another one (tfhvd/common/library.py).
+records that TensorFlow's version, and tfhvd refuses to load it under another
+TensorFlow release (tfhvd/common/library.py).
 """
 
 import importlib.util
