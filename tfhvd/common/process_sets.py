@@ -225,8 +225,17 @@ def process_set_reduces(process_set: Any) -> bool:
     True when the set has more than one rank and this rank is in it.  Elsewhere a
     distributed tape or optimizer leaves the gradients as they are (Horovod's
     ``_allreduce_cond``), so one script can run on every rank.
+
+    The answer is fixed when a ``tf.function`` is traced, so in an elastic job
+    the global set always reduces, even while it has one rank: a worker that
+    traced its step alone must still reduce once others join (a one-rank
+    reduction returns its input), or it would skip the collectives the
+    newcomers wait in.
     """
-    size, rank, _ = _set_info(process_set_id(process_set))
+    set_id = process_set_id(process_set)
+    size, rank, _ = _set_info(set_id)
+    if set_id == 0 and _elastic_job():
+        return True
     return size > 1 and rank >= 0
 
 
