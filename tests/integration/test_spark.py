@@ -97,4 +97,5 @@ def test_killed_task_ends_the_job_within_30s():
         t.join(timeout=5)
     assert took < 30, "the job took %.1f s to end" % took
     assert info.value.rank == 1, str(info.value)
+    assert "rank 1" in str(info.value).splitlines()[0], str(info.value)
     assert jobs.wait_gone(box["pids"]) == [], "a rank's process outlived the failed job"

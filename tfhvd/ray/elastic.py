@@ -32,7 +32,7 @@ from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.gloo.workers import Slot, worker_env
+from tfhvd.runner.common import Slot, worker_env
 
 COOLDOWN_S = (1, 4)
 

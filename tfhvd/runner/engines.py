@@ -26,9 +26,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tfhvd.runner.common import Slot, iface_of, worker_env
 from tfhvd.runner.elastic.driver import topology, worker_id
-from tfhvd.runner.gloo.job import iface_of
-from tfhvd.runner.gloo.workers import Slot, worker_env
 
 LOOPBACK = "127.0.0.1"
 

@@ -157,6 +157,13 @@ def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
     m = re.search(r"ResultTask\(\d+, (\d+)\)", text) or \
         re.search(r"Lost task (\d+)\.\d+ in stage", text)
     rank = int(m.group(1)) if m else (min(reported) if reported else -1)
+    # A rank whose peer died fails first at times; its error names the lost
+    # rank, which is the cause (it reported nothing: its process is gone).
+    lost = _lost_peer(reported.get(rank, ""))
+    if lost is not None and lost not in reported and 0 <= lost < n:
+        return WorkerError("tfhvd.spark: the task of rank %d died without a Python exception "
+                           "(its process was lost); rank %d reported:\n%s"
+                           % (lost, rank, reported[rank]), lost)
     if rank in reported:
         tb = reported[rank]
         return WorkerError("tfhvd.spark: rank %d raised:\n%s" % (rank, tb), rank, tb)
@@ -168,6 +175,12 @@ def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
     return WorkerError("tfhvd.spark: the task of rank %s failed without a Python exception "
                        "(its process died?): %s; every task of the job was stopped"
                        % (rank if rank >= 0 else "?", reason), rank)
+
+
+def _lost_peer(text: str) -> Optional[int]:
+    """The rank a tfhvd error says was lost (``ranks [1] have exited ...``)."""
+    m = re.search(r"ranks \[(\d+)(?:, \d+)*\] have exited or lost their connection", text)
+    return int(m.group(1)) if m else None
 
 
 def _python_traceback(text: str) -> str:
