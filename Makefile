@@ -141,6 +141,8 @@ test-core: setup
 	$(TIMEOUT) $(BUILD_DIR)/tfhvd_core_test
 	$(TIMEOUT) $(MPIRUN) -np 2 $(BUILD_DIR)/tfhvd_core_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_core_test
+	@echo "== Adasum over MPI exchanges (no TensorFlow): 2, 3 and 4 processes"
+	for n in 2 3 4; do $(TIMEOUT) $(MPIRUN) -np $$n $(BUILD_DIR)/tfhvd_adasum_test || exit 1; done
 
 test-single: setup
 	@echo "== single-process tests"
@@ -161,6 +163,7 @@ test-parallel-gloo: setup
 	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 $(BUILD_DIR)/tfhvd_backend_test
 	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_backend_test
+	for n in 2 3 4; do $(TIMEOUT) $(TFHVDRUN_GLOO) -np $$n $(BUILD_DIR)/tfhvd_adasum_test || exit 1; done
 	@echo "== parallel tests under tfhvdrun --gloo -np 2"
 	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
 	@echo "== parallel tests under tfhvdrun --gloo -np 3"
@@ -192,10 +195,11 @@ test-gloo-only: gloo-only-build
 
 test-gloo: test-parallel-gloo test-gloo-only
 
-# Process sets need more ranks than two sets of one: np 4, oversubscribed (about 30 s).
+# Process sets need more ranks than two sets of one, Adasum's tree two levels: np 4,
+# oversubscribed (about 30 s).
 test-parallel-np4: setup
 	@echo "== process-set tests under mpirun -np 4"
-	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 4 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel/test_process_sets.py
+	$(TEST_ENV) $(TIMEOUT) $(MPIRUN) -np 4 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel/test_process_sets.py tests/parallel/test_adasum.py
 
 # Real tfhvdrun jobs: launcher, bad input, faults, stall inspector, timeline,
 # multi-node (two network namespaces with sshd; needs root, else it skips).

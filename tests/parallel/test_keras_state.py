@@ -153,7 +153,7 @@ def test_bad_input_errors():
     for bad in ("adam", keras.optimizers.Adam, 3, keras.layers.Dense(2)):
         with pytest.raises(TypeError, match="Keras optimizer instance"):
             hvd.DistributedOptimizer(bad)
-    for op in (hvd.Adasum, hvd.Min, hvd.Max, hvd.Product):
+    for op in (hvd.Min, hvd.Max, hvd.Product):  # (Adasum: tests/parallel/test_adasum.py)
         with pytest.raises(ValueError, match="hvd.Average"):
             hvd.DistributedOptimizer(keras.optimizers.SGD(), op=op)
     for steps in (0, -1, 1.5, True):

@@ -46,7 +46,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         once per update.  ``optimizer.iterations`` counts updates.
       average_aggregated_gradients: with ``backward_passes_per_step > 1``, apply
         the mean of the accumulated gradients instead of their sum.
-      op: ``hvd.Average`` (default) or ``hvd.Sum``.
+      op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (adaptive
+        summation over a power-of-two number of ranks, docs/adasum.md).
       gradient_predivide_factor: with Average, divide by this before the sum and
         by ``size() / factor`` after.
       groups: an int (that many fused reductions) or lists of variables reduced
@@ -67,7 +68,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
 
     Raises:
       TypeError: ``optimizer`` is not a Keras optimizer instance.
-      ValueError: unsupported ``op`` (Adasum, Min, Max, Product), bad
+      ValueError: unsupported ``op`` (Min, Max, Product), bad
         ``backward_passes_per_step`` or other settings.
       NotInitializedError: ``hvd.init()`` has not been called.
     """

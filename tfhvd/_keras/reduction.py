@@ -24,9 +24,9 @@ from tfhvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, al
 _COMPRESSION_NAMES = {Compression.none: "none", Compression.fp16: "fp16",
                       Compression.bf16: "bf16"}
 _COMPRESSIONS = {v: k for k, v in _COMPRESSION_NAMES.items()}
-_OP_NAMES = {Average: "Average", Sum: "Sum"}
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}
 _OPS = {v: k for k, v in _OP_NAMES.items()}
-_REJECTED_OPS = {Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_REJECTED_OPS = {Min: "Min", Max: "Max", Product: "Product"}
 
 
 # Per outermost traced function: how many collectives of each kind it holds so far.
@@ -73,7 +73,7 @@ class GradientReduction:
       backward_passes_per_step: how many local batches are accumulated per update.
       average_aggregated_gradients: divide the accumulated gradient by
         ``backward_passes_per_step`` (otherwise it is their sum, as in Horovod).
-      op: ``hvd.Average`` or ``hvd.Sum``.
+      op: ``hvd.Average``, ``hvd.Sum`` or ``hvd.Adasum`` (docs/adasum.md).
       gradient_predivide_factor: with Average, divide by this before the sum and
         by ``size() / factor`` after.
       groups: None, an int (that many fused groups), or lists of variables that
@@ -222,6 +222,10 @@ class GradientReduction:
 
     def _reduce_sparse(self, g: tf.IndexedSlices, name: str, scale: float) -> tf.IndexedSlices:
         """Gathers every rank's rows (an embedding gradient stays sparse)."""
+        if self.op == Adasum:
+            raise NotImplementedError(
+                "The Adasum reduction does not support sparse gradients (tf.IndexedSlices, e.g. "
+                "of an Embedding layer); pass sparse_as_dense=True to DistributedOptimizer")
         values = allgather(g.values, name=name + "_values", ignore_name_scope=True,
                            process_set=self.process_set)
         indices = allgather(g.indices, name=name + "_indices", ignore_name_scope=True,
@@ -260,11 +264,11 @@ def check_arguments(compression: Any, backward_passes_per_step: Any, op: Any,
     """Raises a clear error for settings DistributedOptimizer cannot honour."""
     if op in _REJECTED_OPS:
         raise ValueError(
-            "DistributedOptimizer averages or sums gradients: use op=hvd.Average (default) or "
-            "op=hvd.Sum, not hvd.%s%s" % (_REJECTED_OPS[op], " (tfhvd does not implement "
-                                                            "Adasum)" if op == Adasum else ""))
+            "DistributedOptimizer averages, sums or adasums gradients: use op=hvd.Average "
+            "(default), op=hvd.Sum or op=hvd.Adasum, not hvd.%s" % _REJECTED_OPS[op])
     if op not in _OP_NAMES:
-        raise ValueError("unknown reduce op %r; use op=hvd.Average or op=hvd.Sum" % (op,))
+        raise ValueError("unknown reduce op %r; use op=hvd.Average, op=hvd.Sum or op=hvd.Adasum"
+                         % (op,))
     if isinstance(backward_passes_per_step, bool) or not isinstance(
             backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be an integer >= 1 (1 reduces every "

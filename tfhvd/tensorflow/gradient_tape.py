@@ -36,6 +36,10 @@ def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
                       ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> tf.IndexedSlices:
     """Reduces IndexedSlices by gathering every rank's values and indices."""
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction does not support sparse tensors "
+                                  "(tf.IndexedSlices); pass sparse_as_dense=True to the "
+                                  "distributed optimizer or tape, or densify the tensor")
     if op not in (Average, Sum):
         raise NotImplementedError("tfhvd reduces tf.IndexedSlices only with Average or Sum; "
                                   "use sparse_as_dense=True for other ops")
@@ -60,6 +64,8 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
 
     ``tf.IndexedSlices`` (embedding gradients) are gathered rather than
     densified.  Integer averages truncate toward zero, as in Horovod.
+    ``op=hvd.Adasum`` combines float tensors with adaptive summation over a
+    power-of-two number of ranks, on the CPU (docs/adasum.md).
     """
     if process_set is not global_process_set:
         check_process_set(process_set)
@@ -233,7 +239,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     Args:
       compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the wire.
       sparse_as_dense: densify ``tf.IndexedSlices`` before reducing.
-      op: ``Average`` (default) or ``Sum``.
+      op: ``Average`` (default), ``Sum`` or ``Adasum`` (adaptive summation of
+        float gradients over a power-of-two number of ranks, docs/adasum.md).
       gradient_predivide_factor: with Average, divide by this before the sum
         and by ``size()/factor`` after (helps fp16 range).
       num_groups / groups: split the gradients into this many fused groups.
@@ -249,8 +256,6 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     if staleness:
         from tfhvd.tensorflow.delayed import check_staleness
         check_staleness(staleness)
-    if op == Adasum:
-        raise NotImplementedError("tfhvd does not implement Adasum")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor requires op=Average")
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),

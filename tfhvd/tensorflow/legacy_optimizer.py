@@ -79,6 +79,79 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+    """Horovod's delta-model Adasum for a TF1 optimizer.
+
+    Each rank's wrapped optimizer applies that rank's own gradients.  Every
+    ``backward_passes_per_step``-th step, the change of each variable since
+    the last exchange (its delta) is combined across ranks with Adasum, and
+    every rank sets the variable to its value at the last exchange plus the
+    combined delta.  Adasum needs the full update, not a gradient that a
+    momentum or adaptive optimizer rescales later, hence deltas.
+    """
+
+    _START = "delta_start"
+    _STEP = "adasum_step"
+
+    def __init__(self, optimizer: Any, name: Optional[str], use_locking: bool, compression: Any,
+                 backward_passes_per_step: int, process_set: ProcessSet) -> None:
+        super().__init__(name=name or "DistributedDelta" + type(optimizer).__name__,
+                         use_locking=use_locking)
+        self._optimizer = optimizer
+        self._compression = compression
+        self._passes = int(backward_passes_per_step)
+        self._process_set = process_set
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Any]:
+        """This rank's own gradients (the wrapped optimizer's)."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
+                        name: Optional[str] = None) -> Any:
+        """Applies the local gradients, then (on exchange steps) the Adasum of the deltas."""
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for g, v in grads_and_vars if g is not None]
+        if not variables:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        starts = [self._get_or_make_slot_with_initializer(
+            v, tf.compat.v1.zeros_initializer(), v.shape, v.dtype.base_dtype, self._START,
+            self._name) for v in variables]
+        step = self._create_non_slot_variable(tf.constant(0, tf.int64), self._STEP, variables[0])
+        # The first step's weights (after any broadcast from the root) start the delta.
+        first = tf.cond(tf.equal(step, 0),
+                        lambda: tf.group(*[s.assign(v) for s, v in zip(starts, variables)]),
+                        tf.group)
+        with tf.control_dependencies([first] if first is not None else []):
+            update = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        with tf.control_dependencies([update] if update is not None else []):
+            exchange = tf.cond(tf.equal(step % self._passes, self._passes - 1),
+                               lambda: self._exchange(variables, starts), tf.group)
+        with tf.control_dependencies([exchange] if exchange is not None else []):
+            return tf.group(step.assign_add(1))
+
+    def _exchange(self, variables: List[Any], starts: List[Any]) -> Any:
+        if not process_set_reduces(self._process_set):
+            return tf.group()
+        deltas = [tf.convert_to_tensor(v) - s for v, s in zip(variables, starts)]
+        combined = grouped_allreduce(deltas, compression=self._compression, op=Adasum,
+                                     name="%s_Adasum" % self.get_name(),
+                                     process_set=self._process_set)
+        return tf.group(*[v.assign(s.assign_add(d, use_locking=self._use_locking),
+                                   use_locking=self._use_locking)
+                          for v, s, d in zip(variables, starts, combined)])
+
+    def get_slot(self, var: Any, name: str) -> Any:
+        """This optimizer's ``delta_start`` slot, or the wrapped optimizer's slot."""
+        mine = super().get_slot(var, name)
+        return mine if mine is not None else self._optimizer.get_slot(var, name)
+
+    def get_slot_names(self) -> List[str]:
+        return super().get_slot_names() + self._optimizer.get_slot_names()
+
+    def variables(self) -> List[Any]:
+        return self._optimizer.variables() + super().variables()
+
+
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
                          device_dense: str = "", device_sparse: str = "",
                          compression: Any = Compression.none, sparse_as_dense: bool = False,
@@ -92,17 +165,28 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     A ``tf.compat.v1.train.Optimizer`` (TF1 graphs and sessions) is wrapped so that
     ``compute_gradients`` (and so ``minimize``) averages the gradients across
     ranks; a Keras optimizer goes to the Keras ``DistributedOptimizer``.
-    ``backward_passes_per_step > 1`` and ``Adasum`` are not supported for TF1
+    With ``op=hvd.Adasum`` a TF1 optimizer applies each rank's own gradients and
+    the ranks combine the weight changes (deltas) with Adasum every
+    ``backward_passes_per_step`` steps (Horovod's delta-model optimizer,
+    docs/adasum.md); a Keras optimizer reduces its gradients with Adasum.
+    Otherwise ``backward_passes_per_step > 1`` is not supported for TF1
     optimizers (NotImplementedError).
     """
     check_process_set(process_set)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if groups is None and num_groups:
         groups = num_groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if op == Adasum:
-            raise NotImplementedError("tfhvd does not implement Adasum")
+            if isinstance(backward_passes_per_step, bool) or not isinstance(
+                    backward_passes_per_step, int) or backward_passes_per_step < 1:
+                raise ValueError("backward_passes_per_step must be an integer >= 1; got %r"
+                                 % (backward_passes_per_step,))
+            return _DistributedAdasumOptimizer(optimizer, name, use_locking, compression,
+                                               backward_passes_per_step, process_set)
         if backward_passes_per_step != 1:
             raise NotImplementedError("tfhvd: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers, not for tf.compat.v1 optimizers")

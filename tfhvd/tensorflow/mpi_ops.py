@@ -5,7 +5,9 @@ graphs holding Horovod ops load with tfhvd).  Names follow Horovod: in a graph
 an op is named after its input tensor; ranks match collectives by that name.
 """
 
+import contextlib
 import re
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -102,13 +104,43 @@ def _tensor_label(t: tf.Tensor) -> str:
         return "of shape %s" % (t.shape,)
 
 
-def _check_op(op: int) -> None:
+def _check_op(op: int, adasum_tensors: Optional[Sequence[tf.Tensor]] = None,
+              process_set: ProcessSet = global_process_set) -> None:
+    """Raises for an unknown op; for Adasum, checks ``adasum_tensors`` (an
+    allreduce's inputs; None: an op that cannot use Adasum)."""
     if op is Sum or op is Average:
         return
     if op not in _OP_NAMES:
-        raise ValueError("unknown reduce op %r; use hvd.Average, Sum, Min, Max or Product" % (op,))
+        raise ValueError("unknown reduce op %r; use hvd.Average, Sum, Adasum, Min, Max or "
+                         "Product" % (op,))
     if op == Adasum:
-        raise NotImplementedError("tfhvd does not implement Adasum; use hvd.Average or hvd.Sum")
+        if adasum_tensors is None:
+            raise NotImplementedError("reducescatter does not support the Adasum reduce op; "
+                                      "use hvd.Average or hvd.Sum")
+        _check_adasum(adasum_tensors, process_set)
+
+
+_ADASUM_DTYPES = _DtypeSet((tf.float16, tf.bfloat16, tf.float32, tf.float64))
+_ADASUM_GPU_WARNED = [False]
+
+
+def _check_adasum(tensors: Sequence[tf.Tensor], process_set: ProcessSet) -> None:
+    """Horovod's rules for ``op=hvd.Adasum``, checked before the op is built, so
+    that every rank raises the same error instead of starting a reduction."""
+    for t in tensors:
+        if _dtype_enum(t) not in _ADASUM_DTYPES.enums:
+            raise TypeError("tfhvd Adasum reduces float16, bfloat16, float32 and float64 "
+                            "tensors; tensor %s is %s" % (_tensor_label(t), t.dtype.name))
+    n = process_set_size(process_set)
+    if n & (n - 1):
+        raise NotImplementedError(
+            "Running Adasum with non-power of 2 ranks is not supported yet: this reduction has "
+            "%d ranks (Adasum combines ranks pairwise: use 1, 2, 4, 8, ... ranks)" % n)
+    if not _ADASUM_GPU_WARNED[0] and any("GPU" in (getattr(t, "device", "") or "")
+                                         for t in tensors):
+        _ADASUM_GPU_WARNED[0] = True
+        warnings.warn("tfhvd reduces Adasum on the CPU: GPU tensors are copied to host memory "
+                      "and the result comes back on the CPU (as Horovod's MPI build does)")
 
 
 def _graph_name(prefix: str, name: Optional[str], tensor: tf.Tensor) -> Optional[str]:
@@ -130,6 +162,14 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
     if type(tensor) is not _EagerTensor and not isinstance(tensor, tf.Tensor):
         tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
+    if op == Adasum:
+        _check_adasum((tensor,), process_set)
+        with tf.device("/cpu:0"):  # Adasum reduces host memory
+            return _ops().horovod_allreduce(
+                tensor, reduce_op=op, prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                tensor_name=_eager_name(name), name=_graph_name("HorovodAllreduce", name, tensor),
+                process_set_id=ps_id)
     _check_op(op)
     if tf.executing_eagerly():
         return _ops().horovod_allreduce(
@@ -151,7 +191,7 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
     if not tensors:
         return []
     ps_id = _check_ready(tensors, _REDUCE_DTYPES, "grouped_allreduce", process_set)
-    _check_op(op)
+    _check_op(op, tensors, process_set)
     if len({t.dtype for t in tensors}) > 1:
         # The op takes one dtype: split by dtype, keep the order.
         out: List[Optional[tf.Tensor]] = [None] * len(tensors)
@@ -167,10 +207,12 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
     if name is None and not _executing_eagerly():
         name = _normalize_name("HorovodGroupedAllreduce_%s_%s" % (tensors[0].name,
                                                                   tensors[-1].name))
-    return list(_ops().horovod_grouped_allreduce(
-        tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
-        process_set_id=ps_id))
+    # (Adasum reduces host memory.)
+    with tf.device("/cpu:0") if op == Adasum else contextlib.nullcontext():
+        return list(_ops().horovod_grouped_allreduce(
+            tensors, reduce_op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+            tensor_name=_eager_name(name), name=name, process_set_id=ps_id))
 
 
 def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: bool = False,

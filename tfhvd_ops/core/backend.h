@@ -71,6 +71,17 @@ class Collectives {
                                const std::vector<int64_t>& recv_counts, DataType dtype,
                                ReduceOp op) = 0;
   virtual Status Barrier() = 0;
+  // Point to point: sends `send_bytes` to rank `peer` and receives
+  // `recv_bytes` from it, both at once (no deadlock when both sides call).
+  // The peer makes the mirror call (its send size is our receive size).
+  // Messages between two ranks arrive in the order they were sent.  What
+  // algorithms built from exchanges use (core/adasum.h); a transport without
+  // it says so.
+  virtual Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes,
+                          int peer) {
+    return Status::FailedPrecondition(std::string("tfhvd: the ") + name() +
+                                      " transport has no point-to-point exchange");
+  }
   // "MPI", "NCCL": names the transport in the timeline.
   virtual const char* name() const = 0;
 

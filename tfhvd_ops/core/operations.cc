@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "adasum.h"
+
 
 namespace tfhvd {
 namespace {
@@ -75,11 +77,12 @@ void Executor::Execute(const Response& r,
           "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
           " but this build has no GPU collectives; rebuild with TFHVD_GPU_OPERATIONS=NCCL "
           "or place the tensor on the CPU");
-    } else if (p.reduce_op == ReduceOp::kAdasum &&
-               (p.type == CollectiveType::kAllreduce ||
-                p.type == CollectiveType::kReducescatter)) {
+    } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kReducescatter) {
       st = Status::InvalidArgument("tfhvd: tensor '" + r.names[0] +
-                                   "': the Adasum reduce op is not supported; use Average or Sum");
+                                   "': reducescatter does not support Adasum; use Average or Sum");
+    } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kAllreduce &&
+               !(st = CheckAdasum(r.names[0], p.dtype, device, set.size())).ok()) {
+      // (Every rank of the set finds this alone, before moving any bytes.)
     } else {
       // (Row names are built only when the timeline records: every tensor
       // of every round passes here.)
@@ -143,6 +146,11 @@ Status Executor::Allreduce(const Response& r,
     const int64_t n = r.sizes[0];
     TFHVD_RETURN_IF_ERROR(PlaceOutput(e));
     void* out = e.output->mutable_data();
+    if (p.reduce_op == ReduceOp::kAdasum) {
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
+      TFHVD_RETURN_IF_ERROR(ReduceInPlace(r, {0}, out, n, c, set));
+      return c->ScaledCopy(out, out, n, p.dtype, post);
+    }
     if (p.prescale != 1.0) {
       TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), out, n, p.dtype, p.prescale));
       return c->AllreduceScaled(nullptr, out, n, p.dtype, op, post);
@@ -199,10 +207,12 @@ Status Executor::Allreduce(const Response& r,
       TFHVD_RETURN_IF_ERROR(c->Zero(buf + offsets[i], end - offsets[i]));  // a joined rank
     }
   }
-  Phase(r, entries, std::string(c->name()) + "_ALLREDUCE");
+  Phase(r, entries, std::string(c->name()) +
+                       (p.reduce_op == ReduceOp::kAdasum ? "_ADASUM_ALLREDUCE" : "_ALLREDUCE"));
   const int64_t count = total_bytes / esize;
+  for (int64_t& o : offsets) o /= esize;  // in elements from here on
   if (views) {
-    TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, count, p.dtype, op));
+    TFHVD_RETURN_IF_ERROR(ReduceInPlace(r, offsets, buf, count, c, set));
     // (The timeline keeps Horovod's phase: here the scaling in place and
     // the placing of the outputs.)
     Phase(r, entries, "MEMCPY_OUT_FUSION_BUFFER");
@@ -211,23 +221,39 @@ Status Executor::Allreduce(const Response& r,
       TensorTableEntry* e = entries[i].get();
       if (!e) continue;
       // (An empty tensor has no bytes to view.)
-      TFHVD_RETURN_IF_ERROR(r.sizes[i] == 0 ? PlaceOutput(*e)
-                                            : e->context->SetOutputView(0, *shared, offsets[i],
-                                                                        p.dtype, e->params.shape));
+      TFHVD_RETURN_IF_ERROR(r.sizes[i] == 0
+                                ? PlaceOutput(*e)
+                                : e->context->SetOutputView(0, *shared, offsets[i] * esize,
+                                                            p.dtype, e->params.shape));
     }
     Phase(r, entries, "");
     return Status::OK();
   }
-  TFHVD_RETURN_IF_ERROR(c->Allreduce(nullptr, buf, count, p.dtype, op));
+  TFHVD_RETURN_IF_ERROR(ReduceInPlace(r, offsets, buf, count, c, set));
   Phase(r, entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i]) {
-      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf + offsets[i], entries[i]->output->mutable_data(),
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(buf + offsets[i] * esize,
+                                          entries[i]->output->mutable_data(),
                                           r.sizes[i], p.dtype, post));
     }
   }
   Phase(r, entries, "");
   return Status::OK();
+}
+
+Status Executor::ReduceInPlace(const Response& r, const std::vector<int64_t>& offsets, void* buf,
+                               int64_t count, Collectives* c, const ProcessSet& set) {
+  const CollectiveParams& p = r.params;
+  if (p.reduce_op != ReduceOp::kAdasum) {
+    return c->Allreduce(nullptr, buf, count, p.dtype, WireOp(p.reduce_op));
+  }
+  // Each tensor with its padding: zeros change no dot product or norm.
+  std::vector<int64_t> counts(offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    counts[i] = (i + 1 < offsets.size() ? offsets[i + 1] : count) - offsets[i];
+  }
+  return adasum_.Reduce(c, set.rank, set.size(), buf, p.dtype, counts);
 }
 
 Status Executor::PlaceOutput(TensorTableEntry& e) {

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "adasum.h"
 #include "backend.h"
 #include "message.h"
 #include "process_set.h"
@@ -61,9 +62,16 @@ class Executor {
   void Phase(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
              const std::string& next);
 
+  // The reduction of `count` elements of `buf` in place: the transport's
+  // Allreduce, or Adasum (per tensor of `r`, whose i-th starts at
+  // offsets[i] elements' bytes in `buf`).
+  Status ReduceInPlace(const Response& r, const std::vector<int64_t>& offsets, void* buf,
+                       int64_t count, Collectives* c, const ProcessSet& set);
+
   Backend* backend_;
   Timeline* timeline_;
   bool in_phase_ = false;
+  AdasumReducer adasum_;
 };
 
 // Runs one process set's responses on a thread of its own, in the order they

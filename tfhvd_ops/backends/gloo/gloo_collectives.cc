@@ -8,11 +8,14 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
 
 #include "../../core/cpu_math.h"
 
@@ -224,6 +227,32 @@ Status GlooCollectives::ReduceScatter(const void* send, void* recv,
   const int64_t mine = recv_counts[context_->rank] * esize;
   if (mine > 0) std::memcpy(recv, scratch_.data() + offset * esize, mine);
   return Status::OK();
+}
+
+Status GlooCollectives::SendRecv(const void* send, int64_t send_bytes, void* recv,
+                                 int64_t recv_bytes, int peer) {
+  // Gloo's algorithms take slots from Context::nextSlot(), which counts up
+  // from 0; this one is far above any count a job reaches.  Messages between
+  // two ranks on one slot arrive in order.
+  constexpr uint64_t kExchangeSlot = uint64_t{0x7fad} << 40;
+  return Guard("point-to-point exchange", [&] {
+    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+    if (recv_bytes > 0) {
+      in = context_->createUnboundBuffer(recv, static_cast<size_t>(recv_bytes));
+      in->recv(peer, kExchangeSlot);
+    }
+    if (send_bytes > 0) {
+      out = context_->createUnboundBuffer(const_cast<void*>(send),
+                                          static_cast<size_t>(send_bytes));
+      out->send(peer, kExchangeSlot);
+    }
+    if (in && !in->waitRecv(context_->getTimeout())) {
+      throw std::runtime_error("the receive from rank " + std::to_string(peer) + " was aborted");
+    }
+    if (out && !out->waitSend(context_->getTimeout())) {
+      throw std::runtime_error("the send to rank " + std::to_string(peer) + " was aborted");
+    }
+  });
 }
 
 Status GlooCollectives::Barrier() {

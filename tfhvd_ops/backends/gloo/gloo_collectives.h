@@ -9,7 +9,8 @@
 //
 // Gloo's own algorithms move the bytes: ring allreduce with our reduction
 // function (every dtype, float16/bfloat16 included, Sum/Min/Max/Product),
-// allgatherv, alltoallv, broadcast, barrier.  This Gloo version has no
+// allgatherv, alltoallv, broadcast, barrier; SendRecv is a pair of unbound
+// buffers on a slot that Gloo's own algorithms never take.  This Gloo version has no
 // reduce-scatter with a custom reduction, so ReduceScatter is an allreduce
 // into a scratch buffer and a copy of this rank's block.
 // Gloo reports failures by throwing; every call here returns them as a
@@ -67,6 +68,8 @@ class GlooCollectives : public HostMemoryOps {
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
+  Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes,
+                  int peer) override;
   const char* name() const override { return "Gloo"; }
 
   int rank() const;

@@ -3,6 +3,7 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
@@ -19,6 +20,8 @@ namespace {
 
 constexpr int kRequestTag = 7101;
 constexpr int kResponseTag = 7102;
+constexpr int kExchangeTag = 7103;  // Collectives::SendRecv, on the data communicator
+constexpr int64_t kExchangeChunk = int64_t{1} << 30;  // bytes per MPI_Sendrecv
 
 // Whether this process's MPI_Init was ours.  A process-wide fact about the
 // MPI library, which has exactly one init per process.
@@ -250,6 +253,24 @@ class MpiCollectives : public HostMemoryOps {
 
   Status Barrier() override {
     MPI_CHECK(MPI_Barrier(comm_));
+    return Status::OK();
+  }
+
+  // In chunks of at most 1 GiB each way (MPI counts are ints); both sides
+  // make the same number of calls, the shorter side sending or receiving
+  // nothing once it is done.
+  Status SendRecv(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes,
+                  int peer) override {
+    const char* out = static_cast<const char*>(send);
+    char* in = static_cast<char*>(recv);
+    for (int64_t off = 0; off == 0 || off < std::max(send_bytes, recv_bytes);
+         off += kExchangeChunk) {
+      const int64_t s = std::max<int64_t>(0, std::min(kExchangeChunk, send_bytes - off));
+      const int64_t r = std::max<int64_t>(0, std::min(kExchangeChunk, recv_bytes - off));
+      MPI_CHECK(MPI_Sendrecv(s ? out + off : nullptr, static_cast<int>(s), MPI_BYTE, peer,
+                             kExchangeTag, r ? in + off : nullptr, static_cast<int>(r), MPI_BYTE,
+                             peer, kExchangeTag, comm_, MPI_STATUS_IGNORE));
+    }
     return Status::OK();
   }
 
