@@ -16,6 +16,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "../../core/cpu_math.h"
 
@@ -23,6 +24,21 @@ namespace tfhvd {
 namespace {
 
 using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+// Integer sums and products wrap as TensorFlow's do: computed in an unsigned
+// type at least as wide as unsigned int (uint16 * uint16 would otherwise be
+// promoted to int and could overflow it, which is undefined).
+template <typename T>
+T Wrapping(T a, T b, bool product) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+    W x = static_cast<U>(a), y = static_cast<U>(b);
+    return static_cast<T>(static_cast<U>(product ? x * y : x + y));
+  } else {
+    return product ? a * b : a + b;
+  }
+}
 
 template <typename T, ReduceOp kOp>
 void ReduceTyped(void* out, const void* a, const void* b, size_t n) {
@@ -33,8 +49,8 @@ void ReduceTyped(void* out, const void* a, const void* b, size_t n) {
     switch (kOp) {
       case ReduceOp::kMin: o[i] = std::min(x[i], y[i]); break;
       case ReduceOp::kMax: o[i] = std::max(x[i], y[i]); break;
-      case ReduceOp::kProduct: o[i] = x[i] * y[i]; break;
-      default: o[i] = x[i] + y[i]; break;
+      case ReduceOp::kProduct: o[i] = Wrapping(x[i], y[i], true); break;
+      default: o[i] = Wrapping(x[i], y[i], false); break;
     }
   }
 }
