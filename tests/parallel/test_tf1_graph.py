@@ -37,7 +37,7 @@ def test_broadcast_global_variables_op():
 
 
 def test_broadcast_global_variables_is_graph_only():
-    with pytest.raises(RuntimeError, match="does not support eager execution"):
+    with pytest.raises(RuntimeError, match="works only while building a TF1 graph"):
         hvd.broadcast_global_variables(0)
 
 

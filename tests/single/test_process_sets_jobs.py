@@ -16,7 +16,7 @@ def test_process_set_object_without_runtime():
     assert str(ps) == "ProcessSet(process_set_id=None, ranks=[0, 2], mpi_comm=None)"
     assert ps.size() is None and ps.rank() is None and ps.included() is None
     for bad in (["a"], 42, [1.5]):
-        with pytest.raises(ValueError, match="list of process ranks or an mpi4py Comm"):
+        with pytest.raises(ValueError, match="either integer ranks or an mpi4py communicator"):
             hvd.ProcessSet(bad)
     with pytest.raises(ValueError, match="dynamic"):
         hvd.init(process_sets="static")

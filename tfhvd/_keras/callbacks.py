@@ -105,10 +105,11 @@ class BroadcastGlobalVariablesCallbackImpl:
         elif _is_variable(local_variables):
             local_variables = [local_variables]
         local_variables = list(local_variables)
-        if not all(_is_variable(v) for v in local_variables):
-            raise ValueError("All local variables must be of tf.Variable type.")
-        for var in local_variables:
-            self.register_local_var(var)
+        not_variables = [type(v).__name__ for v in local_variables if not _is_variable(v)]
+        if not_variables:
+            raise ValueError("local_variables takes variables (tf.Variable or keras.Variable) "
+                             "only; got %s" % ", ".join(not_variables))
+        self._local_vars.update(map(_var_key, local_variables))
 
     def register_local_var(self, var: Any) -> None:
         """Marks ``var`` as local to each rank: it is not broadcast."""

@@ -65,8 +65,8 @@ def init(
     sets = _ps._set_dynamic_from_init(process_sets)
     if any(ps.ranks is None for ps in sets) and isinstance(comm, (list, tuple, range)):
         raise NotImplementedError(
-            "At this time process sets defined via MPI communicators are only supported when "
-            "calling hvd.init() with comm set to a global MPI communicator (or None).")
+            "process sets given as MPI communicators need hvd.init() to run on a whole MPI "
+            "communicator (comm=None or an mpi4py Comm), not on a list of ranks")
     already = bool(library.capi().tfhvd_is_initialized())
     lib = library.capi()
     ranks_arr = None

@@ -27,9 +27,10 @@ The pieces that touch a framework (how to broadcast, which variables to copy)
 are passed in by ``tfhvd.tensorflow.elastic``.
 """
 
+import contextlib
 import functools
 import queue
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from tfhvd.runner.elastic.worker import HostUpdateResult, WorkerNotificationManager
@@ -58,11 +59,13 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Called by ``hvd.elastic.run`` after the new world is up."""
+        """Called by ``hvd.elastic.run`` after the new world is up: forgets the
+        host notices about the old world, then runs the :meth:`reset` hook and
+        the registered callbacks, in that order."""
         self._host_messages = queue.Queue()
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
+        hooks = [self.reset, *self._reset_callbacks]
+        for hook in hooks:
+            hook()
 
     def on_hosts_updated(self, timestamp: int, update_res: HostUpdateResult) -> None:
         """The notification manager's entry: the driver saw the hosts change."""
@@ -134,13 +137,15 @@ class ObjectState(State):
         self._set_attrs()
 
     def sync(self) -> None:
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
+        if not self._saved_state:
+            return  # nothing tracked, so nothing to broadcast
+        self._saved_state = self._bcast_object(self._saved_state)
+        self._set_attrs()
 
     def _set_attrs(self) -> None:
-        for attr, value in self._saved_state.items():
-            setattr(self, attr, value)
+        """Puts the recorded values back as attributes."""
+        for name in self._saved_state:
+            setattr(self, name, self._saved_state[name])
 
 
 # What reset() returns: whether the new world has workers without the state.
@@ -158,6 +163,34 @@ def _reset_until_formed(reset: ResetFn) -> bool:
         return fresh is None or bool(fresh)
 
 
+@contextlib.contextmanager
+def _listening(state: State) -> Iterator[None]:
+    """Host-change notices from the driver go to ``state`` for the ``with`` block."""
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    try:
+        yield
+    finally:
+        notification_manager.remove_listener(state)
+
+
+def _attempt(state: State, call: Callable[[], Any], want_sync: bool) -> Tuple[bool, Any]:
+    """One pass of the loop: ``(True, result)`` when ``call()`` finished, else
+    ``(False, want_sync)`` saying whether the next pass must sync the state."""
+    try:
+        if want_sync:
+            state.sync()
+        return True, call()
+    except HorovodInternalError:
+        # A peer was lost mid-collective: undo what was not committed.
+        state.restore()
+        return False, True
+    except HostsUpdatedInterrupt as interrupt:
+        # Raised at a commit, so nothing to undo; a world that only lost hosts
+        # already holds the committed state.
+        return False, not interrupt.skip_sync
+
+
 def run_fn(func: Callable[..., Any], reset: ResetFn) -> Callable[..., Any]:
     """Wraps ``func(state, ...)`` in the elastic loop described in the module
     docstring.  ``reset()`` re-forms the world and returns whether it has
@@ -165,24 +198,15 @@ def run_fn(func: Callable[..., Any], reset: ResetFn) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        notification_manager.init()
-        notification_manager.register_listener(state)
-        skip_sync = False
-        try:
+        with _listening(state):
+            want_sync = True
             while True:
-                try:
-                    if not skip_sync:
-                        state.sync()
-                    return func(state, *args, **kwargs)
-                except HorovodInternalError:
-                    state.restore()
-                    skip_sync = False
-                except HostsUpdatedInterrupt as e:
-                    skip_sync = e.skip_sync
-                if _reset_until_formed(reset):
-                    skip_sync = False
+                finished, value = _attempt(state, lambda: func(state, *args, **kwargs),
+                                           want_sync)
+                if finished:
+                    return value
+                newcomers = _reset_until_formed(reset)
+                want_sync = value or newcomers
                 state.on_reset()
-        finally:
-            notification_manager.remove_listener(state)
 
     return wrapper

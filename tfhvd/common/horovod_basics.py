@@ -169,8 +169,8 @@ class HorovodBasics:
         from mpi4py import MPI
 
         if not self.is_initialized():
-            raise ValueError("Horovod has not been initialized or MPI has not been enabled; "
-                             "use hvd.init().")
+            raise ValueError("no process set id for an MPI communicator before hvd.init(): "
+                             "call hvd.init() first")
         got = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
                                         MPI.COMM_WORLD.Get_group())
         ranks = sorted(int(r) for r in got)

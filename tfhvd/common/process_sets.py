@@ -55,8 +55,8 @@ class ProcessSet:
         if _is_iterable(ranks_or_comm):
             ranks = list(ranks_or_comm)
             if any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for r in ranks):
-                raise ValueError("ProcessSet should be initialized with a list of process ranks "
-                                 "or an mpi4py Comm object, got %r" % (ranks_or_comm,))
+                raise ValueError("ProcessSet takes either integer ranks or an mpi4py "
+                                 "communicator (MPI.Comm); got %r" % (ranks_or_comm,))
             self.ranks = sorted(int(r) for r in ranks)
         else:
             try:
@@ -65,8 +65,8 @@ class ProcessSet:
                 raise ValueError("ProcessSet got a communicator, but mpi4py is not "
                                  "importable") from e
             if not isinstance(ranks_or_comm, MPI.Comm):
-                raise ValueError("ProcessSet should be initialized with a list of process ranks "
-                                 "or an mpi4py Comm object, got %r" % (ranks_or_comm,))
+                raise ValueError("ProcessSet takes either integer ranks or an mpi4py "
+                                 "communicator (MPI.Comm); got %r" % (ranks_or_comm,))
             self.mpi_comm = ranks_or_comm
 
     def _invalidate(self) -> None:
@@ -363,8 +363,8 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
         process_set = ProcessSet(process_set)
     if process_set.ranks is None and process_set.mpi_comm is not None:
         raise NotImplementedError(
-            "Dynamically adding process sets defined by an MPI communicator is not implemented. "
-            "Please build the process set via a list of ranks.")
+            "add_process_set() accepts only a list of ranks: a set given as an MPI "
+            "communicator can only be passed to hvd.init(process_sets=...)")
     assert process_set.ranks is not None
     if _elastic_job():
         _register_elastic(process_set, require_dynamic=True)

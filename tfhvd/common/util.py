@@ -37,9 +37,9 @@ def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args: str) 
     :func:`get_extension_full_path`) does not exist, and how to rebuild it."""
     full_path = get_extension_full_path(pkg_path, *args)
     if not os.path.exists(full_path):
-        raise ImportError("Extension %s has not been built: %s not found\n"
-                          "If this is not expected, reinstall with %s=1 to debug the build "
-                          "error." % (ext_name, full_path, ext_env_var))
+        raise ImportError("%s is missing its compiled module (no file %s).\n"
+                          "To see why the build left it out, reinstall with %s=1."
+                          % (ext_name, full_path, ext_env_var))
 
 
 def _cache(f: Callable) -> Callable:
@@ -117,16 +117,15 @@ def get_average_backwards_compatibility_fun(reduce_ops: Any) -> Callable:
     ``reduce_ops.Average``/``Sum`` (with a DeprecationWarning); giving both raises
     ValueError; neither gives Average."""
     def impl(op: Optional[int], average: Optional[bool]) -> int:
+        if average is None:
+            # The usual case: the caller used only the new argument (or nothing).
+            return reduce_ops.Average if op is None else op
         if op is not None:
-            if average is not None:
-                raise ValueError("The op parameter supersedes average. Please provide only "
-                                 "one of them.")
-            return op
-        if average is not None:
-            warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                          "in v1.0", DeprecationWarning)
-            return reduce_ops.Average if average else reduce_ops.Sum
-        return reduce_ops.Average
+            raise ValueError("Both op=%r and the deprecated average=%r were given; pass only "
+                             "op (average is its old spelling)" % (op, average))
+        warnings.warn("The `average` argument is deprecated and will go away in v1.0; "
+                      "pass op=Average or op=Sum instead", DeprecationWarning)
+        return reduce_ops.Sum if not average else reduce_ops.Average
     return impl
 
 
@@ -138,8 +137,19 @@ def num_rank_is_power_2(num_rank: int) -> bool:
 def split_list(l: Sequence[Any], n: int) -> List[Sequence[Any]]:  # noqa: E741 (Horovod's name)
     """Splits ``l`` into ``n`` consecutive chunks whose lengths differ by at most one
     (the longer ones first)."""
-    d, r = divmod(len(l), n)
-    return [l[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+    if n == 0:
+        raise ZeroDivisionError("split_list: cannot split a sequence into 0 chunks")
+    chunks: List[Sequence[Any]] = []
+    start = 0
+    left = len(l)
+    for parts_left in range(n, 0, -1):
+        # Ceiling division: the remaining items shared over the remaining parts,
+        # so the leftover items go to the first chunks.
+        size = -(-left // parts_left)
+        chunks.append(l[start:start + size])
+        start += size
+        left -= size
+    return chunks
 
 
 def is_iterable(x: Any) -> bool:
@@ -157,11 +167,12 @@ def is_version_greater_equal_than(ver: str, target: str) -> bool:
     from packaging import version
 
     if not isinstance(ver, str) or not isinstance(target, str):
-        raise ValueError("This function only accepts string arguments; got ver=%r (%s) and "
-                         "target=%r (%s)" % (ver, type(ver), target, type(target)))
+        raise ValueError("is_version_greater_equal_than compares two version strings; got "
+                         "ver=%r (%s) and target=%r (%s)"
+                         % (ver, type(ver).__name__, target, type(target).__name__))
     if len(target.split(".")) != 3:
-        raise ValueError("We only accepts target version values in the form of: "
-                         "major.minor.patch. Received: {}".format(target))
+        raise ValueError("target version %r must have three dot-separated parts "
+                         "(major.minor.patch)" % (target,))
     return version.parse(ver) >= version.parse(target)
 
 

@@ -158,8 +158,9 @@ def broadcast_global_variables(root_rank: int):
     """
     if tf.executing_eagerly():
         raise RuntimeError(
-            "hvd.broadcast_global_variables() does not support eager execution. "
-            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+            "hvd.broadcast_global_variables() works only while building a TF1 graph (eager "
+            "code has no global variable collection); in eager code call "
+            "hvd.broadcast_variables(model.variables, root_rank) instead")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 

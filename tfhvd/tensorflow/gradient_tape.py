@@ -296,8 +296,10 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
     elif _is_layer(local_layers):
         local_layers = [local_layers]
     local_layers = list(local_layers)
-    if not all(_is_layer(layer) for layer in local_layers):
-        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    not_layers = [type(obj).__name__ for obj in local_layers if not _is_layer(obj)]
+    if not_layers:
+        raise ValueError("local_layers takes Keras layers (keras.layers.Layer or "
+                         "tf.keras.layers.Layer) only; got %s" % ", ".join(not_layers))
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)

@@ -143,6 +143,13 @@ def _check_adasum(tensors: Sequence[tf.Tensor], process_set: ProcessSet) -> None
                       "and the result comes back on the CPU (as Horovod's MPI build does)")
 
 
+def _grouped_graph_name(kind: str, tensors: Sequence[tf.Tensor]) -> str:
+    """Graph-mode name of a grouped op: Horovod's, built from the kind and the
+    names of the group's first and last tensors."""
+    parts = ["HorovodGrouped" + kind, tensors[0].name, tensors[-1].name]
+    return _normalize_name("_".join(parts))
+
+
 def _graph_name(prefix: str, name: Optional[str], tensor: tf.Tensor) -> Optional[str]:
     if name is None and not _executing_eagerly():
         name = "%s_%s" % (prefix, _normalize_name(tensor.name))
@@ -205,8 +212,7 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
                 out[i] = r
         return out  # type: ignore[return-value]
     if name is None and not _executing_eagerly():
-        name = _normalize_name("HorovodGroupedAllreduce_%s_%s" % (tensors[0].name,
-                                                                  tensors[-1].name))
+        name = _grouped_graph_name("Allreduce", tensors)
     # (Adasum reduces host memory.)
     with tf.device("/cpu:0") if op == Adasum else contextlib.nullcontext():
         return list(_ops().horovod_grouped_allreduce(
@@ -242,8 +248,7 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
                           ignore_name_scope=ignore_name_scope, process_set=process_set)
                 for i, t in enumerate(tensors)]
     if name is None and not _executing_eagerly():
-        name = _normalize_name("HorovodGroupedAllgather_%s_%s" % (tensors[0].name,
-                                                                  tensors[-1].name))
+        name = _grouped_graph_name("Allgather", tensors)
     return list(_ops().horovod_grouped_allgather(tensors, ignore_name_scope=ignore_name_scope,
                                                  tensor_name=_eager_name(name), name=name,
                                                  process_set_id=ps_id))
@@ -317,8 +322,8 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
         with tf.control_dependencies([op] if op is not None else []):
             return [v.read_value() for v in variables]
     if any(resource):
-        raise ValueError("All variables passed to broadcast_() should be of the same kind, "
-                         "resource or reference")
+        raise ValueError("broadcast_() got a mix of resource and reference variables; "
+                         "pass only one kind per call")
     if len({v.dtype.base_dtype for v in variables}) > 1:
         raise ValueError("broadcast_ of reference variables takes one dtype, got %s"
                          % sorted({v.dtype.base_dtype.name for v in variables}))
@@ -381,8 +386,7 @@ def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = N
         return [_reducescatter(t, None, op, ignore_name_scope, process_set, prescale_factor,
                                postscale_factor) for t in tensors]
     if name is None and not _executing_eagerly():
-        name = _normalize_name("HorovodGroupedReducescatter_%s_%s" % (tensors[0].name,
-                                                                      tensors[-1].name))
+        name = _grouped_graph_name("Reducescatter", tensors)
     return list(_ops().horovod_grouped_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
