@@ -210,12 +210,14 @@ void TestTuningLoop() {
   s.autotune.log_path = log_path;
   s.autotune.warmup_samples = 2;
   s.autotune.steps_per_sample = 2;
-  s.autotune.bayes_opt_max_samples = 14;
+  s.autotune.bayes_opt_max_samples = 20;
   s.autotune.gaussian_process_noise = 0.01;
   Logger log(s.log_level, 0);
   Autotune tuner(s, 0, &log);
   Autotune worker(s, 1, &log);  // a worker only applies
   CHECK(tuner.Start().ok());
+  CHECK(tuner.State().find("tuning=1") != std::string::npos);  // from the start
+  CHECK(worker.State().find("tuning=1") != std::string::npos);
   Settings applied = s, worker_applied = s;
   auto step_us = [](const Settings& in) {
     const double mb = in.fusion_threshold_bytes / (1024.0 * 1024.0);
@@ -253,7 +255,7 @@ void TestTuningLoop() {
               rounds, changes, applied.fusion_threshold_bytes / (1024.0 * 1024.0),
               applied.cycle_time_ms, applied.cache_enabled ? 1 : 0,
               100 * final_score / best_score);
-  CHECK(final_score >= 0.9 * best_score);
+  CHECK(final_score >= 0.95 * best_score);
   // Parameters changed from sample to sample; the worker applied the same.
   CHECK(thresholds.size() >= 3 && thresholds[0] != thresholds[1]);
   CHECK(worker.State() == tuner.State());
@@ -261,11 +263,11 @@ void TestTuningLoop() {
         worker_applied.cycle_time_ms == applied.cycle_time_ms &&
         worker_applied.cache_enabled == applied.cache_enabled);
   CHECK(tuner.State().find("tuning=0") != std::string::npos);
-  // The log: Horovod's header, one row per sample (14 Bayesian + 2 cache
-  // values; the warm-up ones are not written), then the best.
+  // The log: Horovod's header, one row per sample (20 Bayesian + 3 turns of
+  // each cache value; the warm-up ones are not written), then the best.
   std::vector<std::string> lines = ReadLines(log_path);
   CHECK(!lines.empty() && lines[0] == Autotune::kLogHeader);
-  CHECK(lines.size() == 1 + 14 + 2 + 1);
+  CHECK(lines.size() == 1 + 20 + 2 * Autotune::kCategoricalRounds + 1);
   std::set<std::string> settings_seen;
   double max_row = 0;
   for (size_t i = 1; i < lines.size(); ++i) {
@@ -334,7 +336,7 @@ void TestFixedKnobs() {
   // Everything fixed: nothing to tune.
   s.autotune.cycle_time_fixed = s.autotune.cache_fixed = true;
   Autotune none(s, 0, &log);
-  CHECK(!none.tuning());
+  CHECK(!none.tuning() && none.State().find("tuning=0") != std::string::npos);
 }
 
 }  // namespace

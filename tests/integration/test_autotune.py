@@ -26,9 +26,9 @@ def check_job(job, log, max_samples, cache_tuned=True):
     rows = read_log(log)
     assert rows[0] == HEADER, rows[0]
     body = rows[1:]
-    # One row per sample after the warm-up (Bayesian ones, then one per cache
-    # value), then the best setting.
-    assert len(body) == max_samples + (2 if cache_tuned else 0) + 1, body
+    # One row per sample after the warm-up (Bayesian ones, then three turns
+    # of each cache value), then the best setting.
+    assert len(body) == max_samples + (6 if cache_tuned else 0) + 1, body
     for r in body:
         assert len(r) == 7, r
         assert float(r[6]) > 0, r

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -11,6 +12,15 @@ namespace tfhvd {
 namespace {
 
 constexpr double kMb = 1024.0 * 1024.0;
+
+// The Bayesian search runs on log scales, where the knobs' effects are about
+// even: s = log2(1 + 16 * MB) (0 MB -> 0, 1 MB -> 4.1, 64 MB -> 10) and
+// s = log2(1 + 10 * ms) (0 ms -> 0, 0.1 ms -> 1, 5 ms -> 5.7).  On Horovod's
+// linear scale 0..1 MB is 1.5% of the range, yet it is where small and
+// medium gradients do best on a fast transport.
+constexpr double kFusionScale = 16, kCycleScale = 10;
+double ToSearch(double v, double scale) { return std::log2(1 + scale * v); }
+double FromSearch(double s, double scale) { return (std::exp2(s) - 1) / scale; }
 
 // Bytes a response moves per rank (what Horovod's score counts).
 double ResponseBytes(const Response& r) {
@@ -37,33 +47,39 @@ Autotune::Autotune(const Settings& settings, int rank, const Logger* log)
   in_force_.fusion_threshold_bytes = settings.fusion_threshold_bytes;
   in_force_.cycle_time_ms = settings.cycle_time_ms;
   in_force_.cache_enabled = settings.cache_enabled;
-  in_force_.active = false;
-  current_ = in_force_;
-  if (!a.enabled || rank != 0) return;
   tune_fusion_ = !a.fusion_threshold_fixed;
   tune_cycle_ = !a.cycle_time_fixed;
-  if (!a.cache_fixed && settings.cache_capacity > 0) cache_values_ = {true, false};
-  if (!tune_fusion_ && !tune_cycle_ && cache_values_.empty()) return;
+  if (!a.cache_fixed && settings.cache_capacity > 0) {
+    for (int i = 0; i < kCategoricalRounds; ++i) {
+      cache_values_.push_back(true);
+      cache_values_.push_back(false);
+    }
+  }
+  // Every rank parses the same variables, so every rank knows whether
+  // tuning runs (State() says so from the start).
+  in_force_.active = a.enabled && (tune_fusion_ || tune_cycle_ || !cache_values_.empty());
+  current_ = in_force_;
+  if (!in_force_.active || rank != 0) return;
   on_ = true;
   current_.active = true;
   warmup_left_ = a.warmup_samples;
   std::vector<std::pair<double, double>> bounds;
-  if (tune_fusion_) bounds.emplace_back(0.0, kMaxFusionMb);
-  if (tune_cycle_) bounds.emplace_back(0.0, kMaxCycleMs);
+  if (tune_fusion_) bounds.emplace_back(0.0, ToSearch(kMaxFusionMb, kFusionScale));
+  if (tune_cycle_) bounds.emplace_back(0.0, ToSearch(kMaxCycleMs, kCycleScale));
   if (!bounds.empty()) {
     bo_ = std::make_unique<BayesianOptimizer>(bounds, a.gaussian_process_noise);
-    // The setting the job started with, then three spread-out points
-    // (MB, ms), as Horovod starts from fixed test points.
+    // The setting the job started with, then three points spread over the
+    // search box (MB, ms), as Horovod starts from fixed test points.
     const double start[][2] = {
         {std::min(kMaxFusionMb, settings.fusion_threshold_bytes / kMb),
          std::min(kMaxCycleMs, settings.cycle_time_ms)},
-        {4, 0.5},
-        {32, 2.5},
-        {16, 1}};
+        {1, 0},
+        {8, 0.25},
+        {0.25, 1}};
     for (const auto& s : start) {
       Point p;
-      if (tune_fusion_) p.push_back(s[0]);
-      if (tune_cycle_) p.push_back(s[1]);
+      if (tune_fusion_) p.push_back(ToSearch(s[0], kFusionScale));
+      if (tune_cycle_) p.push_back(ToSearch(s[1], kCycleScale));
       initial_.push_back(p);
     }
     phase_ = Phase::kBayes;
@@ -102,15 +118,18 @@ Status Autotune::Start() {
 
 Point Autotune::CurrentPoint() const {
   Point p;
-  if (tune_fusion_) p.push_back(current_.fusion_threshold_bytes / kMb);
-  if (tune_cycle_) p.push_back(current_.cycle_time_ms);
+  if (tune_fusion_) p.push_back(ToSearch(current_.fusion_threshold_bytes / kMb, kFusionScale));
+  if (tune_cycle_) p.push_back(ToSearch(current_.cycle_time_ms, kCycleScale));
   return p;
 }
 
 void Autotune::SetPoint(const Point& x) {
   size_t k = 0;
-  if (tune_fusion_) current_.fusion_threshold_bytes = static_cast<int64_t>(x[k++] * kMb);
-  if (tune_cycle_) current_.cycle_time_ms = x[k++];
+  if (tune_fusion_) {
+    current_.fusion_threshold_bytes =
+        std::llround(std::min(kMaxFusionMb, FromSearch(x[k++], kFusionScale)) * kMb);
+  }
+  if (tune_cycle_) current_.cycle_time_ms = std::min(kMaxCycleMs, FromSearch(x[k++], kCycleScale));
 }
 
 void Autotune::Observe(ResponseList* list, Clock::time_point now) {
@@ -190,10 +209,19 @@ void Autotune::Next(double score) {
 void Autotune::Finish() {
   double best = bo_ ? bo_->BestValue() : 0;
   if (!cache_scores_.empty()) {
-    const size_t i =
-        std::max_element(cache_scores_.begin(), cache_scores_.end()) - cache_scores_.begin();
-    current_.cache_enabled = cache_values_[i];
-    best = cache_scores_[i];
+    // Each value's median over its turns (on, off, on, off, ...).
+    double best_median = -1;
+    for (bool value : {true, false}) {
+      std::vector<double> v;
+      for (size_t i = 0; i < cache_scores_.size(); ++i) {
+        if (cache_values_[i] == value) v.push_back(cache_scores_[i]);
+      }
+      if (!v.empty() && Median(v) > best_median) {
+        best_median = Median(v);
+        current_.cache_enabled = value;
+      }
+    }
+    best = best_median;
   }
   phase_ = Phase::kDone;
   current_.active = false;

@@ -19,11 +19,13 @@
 //     over the window's wall time.  A sample is the median of kWindows
 //     windows.  The first `warmup_samples` samples are discarded.
 //  2. The fusion threshold and cycle time are tuned together by Bayesian
-//     optimisation (bayes_opt.h): the current setting and three fixed
-//     points first, then the point of largest expected improvement, for
-//     `bayes_opt_max_samples` samples in all.  Then, at the best point, each
-//     value of the cache is measured for one sample.  The best combination
-//     stays in force, and tuning ends.
+//     optimisation (bayes_opt.h) on log scales (autotune.cc): the current
+//     setting and three fixed points first, then the point of largest
+//     expected improvement, for `bayes_opt_max_samples` samples in all.
+//     Then, at the best point, the cache values take kCategoricalRounds
+//     turns each (on, off, on, off, ...), one sample a turn, and the value
+//     with the better median wins.  The best combination stays in force,
+//     and tuning ends.
 //  3. New values travel in the ResponseList (TunedParams): every rank
 //     applies them when it executes that list, so all ranks switch at the
 //     same round, and the coordinator's fusion and cache follow from then on.
@@ -55,6 +57,8 @@ class Autotune {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr int kWindows = 5;
+  // Turns of each cache value in the categorical phase (on, off, on, ...).
+  static constexpr int kCategoricalRounds = 3;
   static constexpr double kMaxFusionMb = 64;
   static constexpr double kMaxCycleMs = 5;
   static constexpr const char* kLogHeader =
