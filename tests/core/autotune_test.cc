@@ -19,7 +19,9 @@
 
 #include "../../tfhvd_ops/core/autotune.h"
 #include "../../tfhvd_ops/core/bayes_opt.h"
+#include "../../tfhvd_ops/core/controller.h"
 #include "../../tfhvd_ops/core/message.h"
+#include "../../tfhvd_ops/core/response_cache.h"
 #include "../../tfhvd_ops/core/settings.h"
 
 #include "check.h"
@@ -339,6 +341,90 @@ void TestFixedKnobs() {
   CHECK(!none.tuning() && none.State().find("tuning=0") != std::string::npos);
 }
 
+Request Req(int rank, const std::string& name) {
+  Request r;
+  r.rank = rank;
+  r.name = name;
+  r.params.dtype = DataType::kFloat32;
+  r.params.shape = Shape({4});
+  return r;
+}
+
+// Both ranks ask for `names` (rank 1 as slot ids where `ids` says so).
+ResponseList Round(Coordinator* c, const std::vector<std::string>& names, ResponseCache* cache,
+                   bool rank1_ids) {
+  auto now = Coordinator::Clock::now();
+  for (int rank = 0; rank < 2; ++rank) {
+    RequestList l;
+    for (const std::string& n : names) {
+      const int32_t id = cache->Lookup(n, Req(rank, n).params);
+      if (rank == 1 && rank1_ids && id >= 0) {
+        l.cached_ids.push_back(id);
+        l.cached_sets.push_back(0);
+      } else {
+        l.requests.push_back(Req(rank, n));
+      }
+    }
+    c->AddRequests(rank, l, now);
+  }
+  return c->Compute(now);
+}
+
+size_t Names(const ResponseList& l) {
+  size_t n = 0;
+  for (const Response& r : l.responses) n += r.kind == ResponseKind::kCollective ? r.names.size() : 0;
+  return n;
+}
+
+bool AnyCacheId(const ResponseList& l) {
+  for (const Response& r : l.responses) {
+    for (int32_t id : r.cache_ids) {
+      if (id >= 0) return true;
+    }
+  }
+  return false;
+}
+
+// Apply() reaches the coordinator: the fusion threshold and the cache switch
+// take effect from the next round, and requests sent under the old setting
+// (slot ids in flight) still complete.
+void TestCoordinatorFollows() {
+  Settings s;
+  s.log_level = LogLevel::kFatal;
+  ResponseCache cache(16);
+  Logger log(s.log_level, 0);
+  Coordinator c(2, s, &cache, &log);
+  Autotune worker(s, 1, &log);
+  ResponseList l = Round(&c, {"a", "b"}, &cache, false);
+  CHECK(l.responses.size() == 1 && Names(l) == 2 && AnyCacheId(l));  // fused, cached
+  for (size_t i = 0; i < l.responses[0].names.size(); ++i) {
+    cache.Insert(l.responses[0].cache_ids[i], l.responses[0].names[i], Req(0, "a").params);
+  }
+  CHECK(Round(&c, {"a", "b"}, &cache, true).responses.size() == 1);
+  TunedParams p{true, 0, 0, true, true, 1};  // no fusion
+  worker.Apply(p, &s, &c);
+  l = Round(&c, {"a", "b"}, &cache, true);
+  CHECK(l.responses.size() == 2 && Names(l) == 2);
+  p = {true, 1 << 20, 0, false, true, 2};  // fusion again, cache off
+  worker.Apply(p, &s, &c);
+  CHECK(!s.cache_enabled && s.fusion_threshold_bytes == 1 << 20);
+  l = Round(&c, {"a", "b"}, &cache, true);  // rank 1 still sends slot ids
+  CHECK(l.responses.size() == 1 && Names(l) == 2 && !c.HasPending());
+  l = Round(&c, {"fresh"}, &cache, false);
+  CHECK(Names(l) == 1 && !AnyCacheId(l));  // no new slots while off
+  p.cache_enabled = true;
+  worker.Apply(p, &s, &c);
+  l = Round(&c, {"newer"}, &cache, false);
+  CHECK(Names(l) == 1 && AnyCacheId(l));
+  l = Round(&c, {"a", "b"}, &cache, true);
+  CHECK(l.responses.size() == 1 && Names(l) == 2 && !c.HasPending());
+  // A rank with the cache capacity at 0 never turns it on.
+  Settings none = s;
+  none.cache_capacity = 0;
+  worker.Apply(p, &none, nullptr);
+  CHECK(!none.cache_enabled);
+}
+
 }  // namespace
 
 int main() {
@@ -349,6 +435,7 @@ int main() {
   TestWire();
   TestTuningLoop();
   TestFixedKnobs();
+  TestCoordinatorFollows();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
