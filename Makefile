@@ -139,6 +139,7 @@ skip-report-reset:
 test-core: setup
 	@echo "== core tests (no TensorFlow): 1, 2 and 3 processes"
 	$(TIMEOUT) $(BUILD_DIR)/tfhvd_core_test
+	$(TIMEOUT) $(BUILD_DIR)/tfhvd_autotune_test
 	$(TIMEOUT) $(MPIRUN) -np 2 $(BUILD_DIR)/tfhvd_core_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_core_test
 	@echo "== Adasum over MPI exchanges (no TensorFlow): 2, 3 and 4 processes"

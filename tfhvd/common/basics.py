@@ -136,6 +136,23 @@ def is_initialized() -> bool:
     return bool(library.capi().tfhvd_is_initialized())
 
 
+def autotune_state() -> Dict[str, str]:
+    """What autotune (``TFHVD_AUTOTUNE``, docs/autotune.md) has this rank run with:
+    ``fusion_threshold_bytes``, ``cycle_time_ms``, ``cache_enabled``, ``tuning`` (1
+    while samples are still being taken) and ``applied``, every change applied so far
+    as ``sample:threshold:cycle:cache:tuning`` joined by ``;``.  A diagnostic: every
+    rank applies the same changes at the same negotiation round."""
+    buf = ctypes.create_string_buffer(1 << 16)
+    rc = library.capi().tfhvd_autotune_state(buf, 1 << 16)
+    if rc < 0:
+        raise NotInitializedError()
+    out: Dict[str, str] = {}
+    for line in buf.value.decode().splitlines():
+        key, _, value = line.partition("=")
+        out[key] = value
+    return out
+
+
 def mpi_built() -> bool:
     """Whether this build has the MPI backend."""
     return bool(library.capi().tfhvd_mpi_built())

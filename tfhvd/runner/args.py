@@ -132,6 +132,27 @@ def make_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--disable-cache", dest="disable_cache", action="store_true",
                         help="Same as --cache-capacity 0.")
 
+    autotune = p.add_argument_group("autotune (docs/autotune.md)")
+    autotune.add_argument("--autotune", dest="autotune", action="store_true",
+                          help="Tune the fusion threshold, cycle time and response cache "
+                               "while the job runs, and keep the best.")
+    autotune.add_argument("--autotune-log-file", dest="autotune_log_file",
+                          help="Rank 0 writes one CSV row per autotune sample to this file.")
+    autotune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples",
+                          type=_non_negative(int),
+                          help="Samples discarded before tuning starts (default 3).")
+    autotune.add_argument("--autotune-steps-per-sample", dest="autotune_steps_per_sample",
+                          type=_positive_int,
+                          help="Training steps (approximately) per measurement window "
+                               "(default 10).")
+    autotune.add_argument("--autotune-bayes-opt-max-samples",
+                          dest="autotune_bayes_opt_max_samples", type=_positive_int,
+                          help="Samples of the Bayesian optimisation (default 20).")
+    autotune.add_argument("--autotune-gaussian-process-noise",
+                          dest="autotune_gaussian_process_noise", type=_non_negative(float),
+                          help="Noise of the Gaussian process, for noisy scores "
+                               "(default 0.8).")
+
     timeline = p.add_argument_group("timeline")
     timeline.add_argument("--timeline-filename", dest="timeline_filename",
                           help="Write a Chrome-trace timeline (open it in Perfetto) to this "
@@ -241,6 +262,7 @@ def settings_env(args: argparse.Namespace) -> Dict[str, str]:
         out["TFHVD_CACHE_CAPACITY"] = str(args.cache_capacity)
     if args.log_level:
         out["TFHVD_LOG_LEVEL"] = args.log_level.lower()
+    out.update(_autotune_env(args))
     if args.timeline_filename:
         out["TFHVD_TIMELINE"] = os.path.abspath(args.timeline_filename)
     if args.timeline_mark_cycles:
@@ -251,6 +273,22 @@ def settings_env(args: argparse.Namespace) -> Dict[str, str]:
         out["TFHVD_STALL_SHUTDOWN_TIME_SECONDS"] = _num(args.stall_check_shutdown_time)
     if args.no_stall_check:
         out["TFHVD_STALL_CHECK_DISABLE"] = "1"
+    return out
+
+
+def _autotune_env(args: argparse.Namespace) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    if getattr(args, "autotune", False):
+        out["TFHVD_AUTOTUNE"] = "1"
+    if getattr(args, "autotune_log_file", None):
+        out["TFHVD_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
+    for flag, var in (("autotune_warmup_samples", "WARMUP_SAMPLES"),
+                      ("autotune_steps_per_sample", "STEPS_PER_SAMPLE"),
+                      ("autotune_bayes_opt_max_samples", "BAYES_OPT_MAX_SAMPLES"),
+                      ("autotune_gaussian_process_noise", "GAUSSIAN_PROCESS_NOISE")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out["TFHVD_AUTOTUNE_" + var] = _num(value)
     return out
 
 

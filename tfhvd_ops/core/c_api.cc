@@ -224,6 +224,13 @@ long long tfhvd_graph_inline_runs(void) {
   auto rt = tfhvd::CurrentRuntime();
   return rt ? rt->inline_runs() : -1;
 }
+int tfhvd_autotune_state(char* buf, int len) {
+  auto rt = tfhvd::CurrentRuntime();
+  if (!rt) return -1;
+  const std::string s = rt->AutotuneState();
+  std::snprintf(buf, len, "%s", s.c_str());
+  return static_cast<int>(s.size()) < len ? 0 : 1;
+}
 int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
 int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }
 const char* tfhvd_gpu_code_info(void) { return tfhvd::GetBuildInfo().device_code; }

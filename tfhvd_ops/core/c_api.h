@@ -57,6 +57,10 @@ int tfhvd_gloo_enabled(void);
 // How many times a graph op ran the runtime's loop on its own thread
 // (Runtime::EnqueueInline) since init; -1 when not initialised.
 long long tfhvd_graph_inline_runs(void);
+// The autotune setting this rank applies now and each change it applied
+// ("key=value" lines, core/autotune.h); -1 when not initialised, 1 when
+// `buf` was too short.
+int tfhvd_autotune_state(char* buf, int len);
 int tfhvd_nccl_built(void);
 int tfhvd_cuda_built(void);
 // Which tool built the GPU device code, for which architectures ("" in a CPU

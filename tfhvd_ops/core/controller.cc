@@ -152,7 +152,7 @@ void Coordinator::AddRequests(int rank, RequestList list, Clock::time_point now)
 bool Coordinator::FastLaneOpen(int32_t set, const SetInfo* info) const {
   // Join concerns the global set only.
   return info != nullptr && info->cache != nullptr && (set != 0 || joined_count_ == 0) &&
-         !any_shut_down_;
+         !any_shut_down_ && settings_.cache_enabled;
 }
 
 void Coordinator::AddCached(int rank, int32_t set, SetInfo& info, int32_t slot,
@@ -493,7 +493,7 @@ Response Coordinator::Build(Pending& p) {
                              " have joined; only allreduce supports join");
   }
   Response resp;
-  const bool cacheable = set.cache != nullptr && joined.empty();
+  const bool cacheable = set.cache != nullptr && joined.empty() && settings_.cache_enabled;
   resp.joined_ranks = std::move(joined);
   switch (ref.type) {
     case CollectiveType::kAllreduce:

@@ -88,6 +88,13 @@ class Coordinator {
   // The transport lost `rank` (its process exited or was killed).
   void MarkLost(int rank);
   bool AllWorkersShutDown() const;
+  // Autotune (autotune.h) sets these from the round it decided them on.
+  // The cache switch closes or opens the fast lane and the assignment of
+  // new slots; slots already assigned stay valid either way.
+  void SetTuned(int64_t fusion_threshold_bytes, bool cache_enabled) {
+    settings_.fusion_threshold_bytes = fusion_threshold_bytes;
+    settings_.cache_enabled = cache_enabled;
+  }
 
  private:
   // A cache slot's requests in the fast lane (step 3a).

@@ -126,6 +126,14 @@ std::string Serialize(const ResponseList& l) {
     w.Vec(r.cache_ids);
     w.Vec(r.joined_ranks);
   }
+  w.Pod<uint8_t>(l.tuned.present ? 1 : 0);
+  if (l.tuned.present) {
+    w.Pod(l.tuned.fusion_threshold_bytes);
+    w.Pod(l.tuned.cycle_time_ms);
+    w.Pod<uint8_t>(l.tuned.cache_enabled ? 1 : 0);
+    w.Pod<uint8_t>(l.tuned.active ? 1 : 0);
+    w.Pod(l.tuned.sample);
+  }
   return w.Take();
 }
 
@@ -147,6 +155,17 @@ bool Parse(const std::string& bytes, ResponseList* l) {
         !r.Pod(&q.last_joined_rank) || !r.Vec(&q.cache_ids) || !r.Vec(&q.joined_ranks)) {
       return false;
     }
+  }
+  uint8_t present, cache, active;
+  if (!r.Pod(&present)) return false;
+  l->tuned.present = present != 0;
+  if (l->tuned.present) {
+    if (!r.Pod(&l->tuned.fusion_threshold_bytes) || !r.Pod(&l->tuned.cycle_time_ms) ||
+        !r.Pod(&cache) || !r.Pod(&active) || !r.Pod(&l->tuned.sample)) {
+      return false;
+    }
+    l->tuned.cache_enabled = cache != 0;
+    l->tuned.active = active != 0;
   }
   return r.Done();
 }

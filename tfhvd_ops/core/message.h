@@ -51,9 +51,22 @@ struct Response {
   std::vector<int32_t> joined_ranks;
 };
 
+// Parameters the coordinator's autotune (autotune.h) decided; every rank
+// applies them when it executes the list that carries them, so all switch
+// at the same round.
+struct TunedParams {
+  bool present = false;
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+  bool cache_enabled = true;
+  bool active = true;   // false: tuning has ended and these are the best
+  int32_t sample = 0;   // the sample these parameters are measured in
+};
+
 struct ResponseList {
   bool shutdown = false;
   std::vector<Response> responses;
+  TunedParams tuned;
 };
 
 std::string Serialize(const RequestList& l);

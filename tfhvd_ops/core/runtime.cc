@@ -101,6 +101,7 @@ Status Runtime::Start() {
   if (!path.empty()) {
     TFHVD_RETURN_IF_ERROR(timeline_.Start(path, topology().rank, settings_.timeline_mark_cycles));
   }
+  TFHVD_RETURN_IF_ERROR(autotune_.Start());
   last_round_ = Clock::now();
   blocking_channel_ = backend_->control()->Wait(queue_.wake_fd(), Micros(0));
   // With GPU collectives the loop stays on the background thread: running
@@ -292,7 +293,7 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
   for (Request& r : fresh) {
     const int32_t sid = r.params.process_set_id;
     std::shared_ptr<ProcessSet> set =
-        settings_.cache_capacity > 0 ? (sid == 0 ? global_set_ : sets_.Find(sid)) : nullptr;
+        settings_.cache_enabled ? (sid == 0 ? global_set_ : sets_.Find(sid)) : nullptr;
     int32_t id = set ? set->cache.Lookup(r.name, r.params) : -1;
     if (id >= 0) {
       list.cached_ids.push_back(id);
@@ -306,6 +307,7 @@ RequestList Runtime::MakeRequestList(std::vector<Request> fresh, bool shutdown) 
 
 void Runtime::ExecuteList(const ResponseList& list) {
   const int rank = topology().rank;
+  autotune_.Apply(list.tuned, &settings_, coordinator_.get());
   if (settings_.graph_inline && drive_on_callers_) queue_.NoteRound(list);
   for (const Response& r : list.responses) {
     const int32_t sid = r.params.process_set_id;
@@ -460,12 +462,10 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     coordinator_->AddRequests(m.first, std::move(list), now);
     progress = true;
   }
-  if (settings_.cycle_time_ms > 0 &&
-      std::chrono::duration<double, std::milli>(now - last_round_).count() <
-          settings_.cycle_time_ms) {
-    return progress;
-  }
+  const double since_ms = std::chrono::duration<double, std::milli>(now - last_round_).count();
+  if (settings_.cycle_time_ms > 0 && since_ms < settings_.cycle_time_ms) return progress;
   ResponseList list = coordinator_->Compute(now);
+  autotune_.Observe(&list, now);
   const int size = topology().size;
   // Send the list to every worker still listening; tell a worker that has
   // shut down (or everyone, when we shut down) that it may leave.
@@ -476,7 +476,7 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
   for (int w = 1; w < size; ++w) {
     if (announced_[w]) continue;
     bool tell_leave = shutting_down || coordinator_->IsShutDown(w);
-    ResponseList out;
+    ResponseList out{false, {}, list.tuned};
     if (all_global) {
       out.responses = list.responses;
     } else {
@@ -484,7 +484,7 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
         if (coordinator_->Receives(w, r.params.process_set_id)) out.responses.push_back(r);
       }
     }
-    if (out.responses.empty() && !tell_leave) continue;
+    if (out.responses.empty() && !tell_leave && !out.tuned.present) continue;
     out.shutdown = tell_leave;
     Status s = ch->SendToWorker(w, Serialize(out));
     if (!s.ok()) TFHVD_LOG(log_, kError, s.message());
@@ -499,18 +499,16 @@ bool Runtime::CoordinatorStep(bool shutting_down) {
     Status fs = ch->FlushSends(settings_.stall_shutdown_time_s > 0 ? settings_.stall_shutdown_time_s
                                                                    : kForever);
     if (!fs.ok()) TFHVD_LOG(log_, kError, fs.message());
+    auto t0 = Clock::now();
+    ExecuteList(list);
     if (log_.Enabled(LogLevel::kDebug)) {
+      using Us = std::chrono::duration<double, std::micro>;
       size_t tensors = 0;
       for (const Response& r : list.responses) tensors += r.names.size();
       TFHVD_LOG(log_, kDebug, "round: " << list.responses.size() << " responses for " << tensors
-                                         << " tensors");
+                    << " tensors, executed in " << Us(Clock::now() - t0).count()
+                    << " us; negotiation took " << Us(t0 - now).count() << " us");
     }
-    auto t0 = Clock::now();
-    ExecuteList(list);
-    TFHVD_LOG(log_, kDebug, "executed in "
-                                << std::chrono::duration<double, std::micro>(Clock::now() - t0).count()
-                                << " us; negotiation took "
-                                << std::chrono::duration<double, std::micro>(t0 - now).count() << " us");
     last_round_ = now;
     progress = true;
   }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "autotune.h"
 #include "backend.h"
 #include "controller.h"
 #include "logging.h"
@@ -80,6 +81,8 @@ class Runtime {
 
   // Graph ops that ran the loop on their own thread (EnqueueInline).
   int64_t inline_runs() const { return inline_runs_.load(); }
+  // The autotune setting this rank applies now, and each change (autotune.h).
+  std::string AutotuneState() const { return autotune_.State(); }
   const Topology& topology() const { return backend_->topology(); }
   const Settings& settings() const { return settings_; }
   Backend* backend() { return backend_.get(); }
@@ -140,6 +143,8 @@ class Runtime {
   Settings settings_;
   std::unique_ptr<Backend> backend_;
   Logger log_;
+  // Decides on rank 0; every rank applies.  (Initialised from the members above.)
+  Autotune autotune_{settings_, backend_->topology().rank, &log_};
   TensorQueue queue_;
   // Declared after backend_: the sets' communicators go first.
   ProcessSetTable sets_;

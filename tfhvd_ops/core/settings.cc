@@ -138,6 +138,35 @@ Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
   return Status::OK();
 }
 
+bool IsSet(const EnvLookup& env, const std::string& name) {
+  std::string value, var;
+  return Lookup(env, name, &value, &var);
+}
+
+Status ParseAutotune(const EnvLookup& env, AutotuneSettings* a) {
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "AUTOTUNE", &a->enabled));
+  std::string var;
+  Lookup(env, "AUTOTUNE_LOG", &a->log_path, &var);
+  TFHVD_RETURN_IF_ERROR(ParseInt(env, "AUTOTUNE_WARMUP_SAMPLES", &a->warmup_samples));
+  TFHVD_RETURN_IF_ERROR(ParseInt(env, "AUTOTUNE_STEPS_PER_SAMPLE", &a->steps_per_sample));
+  TFHVD_RETURN_IF_ERROR(
+      ParseInt(env, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &a->bayes_opt_max_samples));
+  TFHVD_RETURN_IF_ERROR(
+      ParseDouble(env, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0, &a->gaussian_process_noise));
+  std::string value;
+  if (a->steps_per_sample < 1 && Lookup(env, "AUTOTUNE_STEPS_PER_SAMPLE", &value, &var)) {
+    return Bad(var, value, "an integer >= 1");
+  }
+  if (a->bayes_opt_max_samples < 1 &&
+      Lookup(env, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &value, &var)) {
+    return Bad(var, value, "an integer >= 1");
+  }
+  a->fusion_threshold_fixed = IsSet(env, "FUSION_THRESHOLD");
+  a->cycle_time_fixed = IsSet(env, "CYCLE_TIME");
+  a->cache_fixed = IsSet(env, "CACHE_CAPACITY");
+  return Status::OK();
+}
+
 }  // namespace
 
 const char* BackendChoiceName(BackendChoice c) {
@@ -196,6 +225,8 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseChoice(env, "CPU_OPERATIONS", &s->cpu_operations));
   TFHVD_RETURN_IF_ERROR(ParseLaunchEnv(env, &s->launch));
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "DYNAMIC_PROCESS_SETS", &s->dynamic_process_sets));
+  TFHVD_RETURN_IF_ERROR(ParseAutotune(env, &s->autotune));
+  s->cache_enabled = s->cache_capacity > 0;
   return Status::OK();
 }
 
@@ -223,7 +254,13 @@ std::string Settings::ToString() const {
     << "controller=" << BackendChoiceName(controller) << "\n"
     << "cpu_operations=" << BackendChoiceName(cpu_operations) << "\n"
     << "gloo_timeout_s=" << launch.timeout_s << "\n"
-    << "dynamic_process_sets=" << (dynamic_process_sets ? 1 : 0) << "\n";
+    << "dynamic_process_sets=" << (dynamic_process_sets ? 1 : 0) << "\n"
+    << "autotune=" << (autotune.enabled ? 1 : 0) << "\n"
+    << "autotune_log=" << autotune.log_path << "\n"
+    << "autotune_warmup_samples=" << autotune.warmup_samples << "\n"
+    << "autotune_steps_per_sample=" << autotune.steps_per_sample << "\n"
+    << "autotune_bayes_opt_max_samples=" << autotune.bayes_opt_max_samples << "\n"
+    << "autotune_gaussian_process_noise=" << autotune.gaussian_process_noise << "\n";
   return o.str();
 }
 

@@ -48,6 +48,21 @@ struct LaunchEnv {
   }
 };
 
+// AUTOTUNE and its AUTOTUNE_* options (autotune.h).
+struct AutotuneSettings {
+  bool enabled = false;                 // AUTOTUNE
+  std::string log_path;                 // AUTOTUNE_LOG: CSV written by rank 0
+  int64_t warmup_samples = 3;           // AUTOTUNE_WARMUP_SAMPLES: discarded first samples
+  int64_t steps_per_sample = 10;        // AUTOTUNE_STEPS_PER_SAMPLE
+  int64_t bayes_opt_max_samples = 20;   // AUTOTUNE_BAYES_OPT_MAX_SAMPLES
+  double gaussian_process_noise = 0.8;  // AUTOTUNE_GAUSSIAN_PROCESS_NOISE
+  // The user set FUSION_THRESHOLD / CYCLE_TIME / CACHE_CAPACITY: autotune
+  // keeps that value (as Horovod does).
+  bool fusion_threshold_fixed = false;
+  bool cycle_time_fixed = false;
+  bool cache_fixed = false;
+};
+
 struct Settings {
   int64_t fusion_threshold_bytes = 64 * 1024 * 1024;  // FUSION_THRESHOLD
   double cycle_time_ms = 0.0;          // CYCLE_TIME: min gap between rounds
@@ -74,6 +89,10 @@ struct Settings {
   BackendChoice cpu_operations = BackendChoice::kAuto;  // CPU_OPERATIONS: gloo|mpi
   LaunchEnv launch;
   bool dynamic_process_sets = false;   // DYNAMIC_PROCESS_SETS: allow add/remove_process_set
+  AutotuneSettings autotune;
+  // Not read from the environment: whether the response cache is in use now
+  // (autotune switches it; with CACHE_CAPACITY=0 there is no cache at all).
+  bool cache_enabled = true;
 
   // "key=value" lines, for `tfhvd` diagnostics and tests.
   std::string ToString() const;
