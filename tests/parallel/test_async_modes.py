@@ -252,6 +252,22 @@ def test_local_sgd_fit_averages_every_period(period, warmup):
     assert cb.averages == (STEPS - warmup) // period + ((STEPS - warmup) % period != 0)
 
 
+def test_local_sgd_schedule_runs_inside_steps_per_execution():
+    """The schedule is in the train step, so a train function that runs 3 steps
+    per call still averages after update 4 (period 4), not only at call ends."""
+    cb = hvd.LocalSGD(period=4, warmup_steps=0)
+    m = model()
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse",
+              steps_per_execution=3)
+    x, y = data(hvd.rank())
+    m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    ref = ref_local_sgd(4, 0)
+    np.testing.assert_allclose(weights_on_all_ranks(m)[0], np.mean(ref[STEPS - 1], axis=0),
+                               rtol=2e-5, atol=2e-6)
+    assert cb.averages == 2  # after update 4, and at the end of fit (6)
+    assert_ranks_equal(m)
+
+
 def test_local_sgd_period1_is_the_synchronous_run():
     sync = fit(model(), hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9)))
     cb = hvd.LocalSGD(period=1, warmup_steps=0, average_optimizer_state=True)

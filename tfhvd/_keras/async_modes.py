@@ -11,10 +11,14 @@ Both are options of the reduction, not new optimizers:
   pipeline at each epoch end (checkpoint callbacks after it save a complete
   state) and applies the last gradients at the end of ``fit``.
 * ``LocalSGD(period=k, warmup_steps=w)`` is a callback over a
-  ``DistributedOptimizer``: after ``w`` synchronous steps it turns the
-  optimizer's reduction off (the train function is traced again), and every
-  ``k`` updates it averages the weights with one grouped allreduce.  With
-  ``period=1`` it changes nothing: synchronous training, the same graph.
+  ``DistributedOptimizer``.  At the start of ``fit`` it gives the optimizer a
+  :class:`LocalAveraging`, and the train step itself does the rest, in the
+  graph: the first ``w`` updates reduce the gradients (a ``tf.cond`` on the
+  optimizer's step count), the later ones apply each rank's own, and after
+  every ``k``-th update a second ``tf.cond`` averages the weights with one
+  grouped allreduce.  No Python runs per batch, so Keras keeps dispatching
+  batch callbacks asynchronously, as without tfhvd.  With ``period=1`` it
+  changes nothing: synchronous training, the same graph.
 """
 
 from typing import Any, Dict, List, Optional
@@ -42,8 +46,9 @@ def reduce_gradients(reduction: Any, grads: List[Any], variables: Optional[List[
     pipeline.  Local phase of ``LocalSGD``: the local gradients, only scaled.
     """
     d = reduction.__dict__
-    if d.get("local_only"):
-        return [None if g is None else _scaled(g, scale) for g in grads]
+    local = d.get("local_sgd")
+    if local is not None:
+        return local.gradients(reduction, grads, variables, scale)
     delayed = d.get("delayed")
     if delayed is None:
         return reduction.reduce(grads, variables, scale=scale)
@@ -142,11 +147,95 @@ class DelayedGradientsCallbackImpl:
 
 # ---------------------------------------------------------------- local SGD
 
-def _set_local(model: Any, reduction: Any, local: bool) -> None:
-    """Turns the optimizer's reduction off (local) or on, and retraces the step."""
-    if reduction is None or bool(reduction.__dict__.get("local_only")) == local:
+def _dense(grads: List[Any]) -> List[Any]:
+    return [tf.convert_to_tensor(g) for g in grads]
+
+
+class LocalAveraging:
+    """LocalSGD's part of the train step, held by the optimizer's reduction
+    (``reduction.local_sgd``) while ``fit`` runs with a ``LocalSGD`` callback.
+
+    ``gradients`` replaces the reduction: reduced while the optimizer's step
+    count is below ``warmup_steps``, local after.  ``after_update`` runs after
+    the optimizer's update (and its step count's increment): it averages
+    ``targets()`` when the update ends a period.  Both are ``tf.cond``s on the
+    step count, which is the same on every rank, so every rank takes the same
+    branch and meets the same collectives.
+    """
+
+    def __init__(self, period: int, warmup_steps: int, targets: Any,
+                 process_set: ProcessSet, name: str, iterations: Any) -> None:
+        self.period = period
+        self.warmup_steps = warmup_steps
+        self.targets = targets
+        self.process_set = process_set
+        self.name = name
+        self.iterations = iterations
+        with tf.init_scope():
+            self.count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="tfhvd_local_sgd_averages")
+            self.last_step = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                         name="tfhvd_local_sgd_last_average")
+
+    def _step(self) -> Any:
+        return tf.cast(tf.convert_to_tensor(self.iterations), tf.int64)
+
+    def gradients(self, reduction: Any, grads: List[Any], variables: Optional[List[Any]],
+                  scale: float) -> List[Any]:
+        """The gradients an update applies: reduced during the warm-up, else local."""
+        def local(values: List[Any]) -> List[Any]:
+            return [_scaled(g, scale) for g in values]
+
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        if self.warmup_steps == 0 or not idx:
+            return [None if g is None else _scaled(g, scale) for g in grads]
+        present = [grads[i] for i in idx]
+        sparse = any(isinstance(g, tf.IndexedSlices) for g in present)
+
+        def synchronous() -> List[Any]:
+            reduced = reduction.reduce(list(grads), variables, scale=scale)
+            out = [reduced[i] for i in idx]
+            return _dense(out) if sparse else out
+
+        def alone() -> List[Any]:
+            out = local(present)
+            return _dense(out) if sparse else out
+
+        chosen = tf.cond(self._step() < self.warmup_steps, synchronous, alone)
+        out = list(grads)
+        for i, g in zip(idx, chosen, strict=True):
+            out[i] = g
+        return out
+
+    def after_update(self) -> Any:
+        """Averages the weights when the update just applied ends a period."""
+        n = self._step()
+        after = n - self.warmup_steps
+        due = tf.logical_and(after > 0, tf.equal(after % self.period, 0))
+
+        def average() -> Any:
+            with tf.control_dependencies([average_variables(self.targets(), self.process_set,
+                                                            self.name)]):
+                with tf.control_dependencies([self.count.assign_add(1),
+                                              self.last_step.assign(n)]):
+                    return tf.constant(True)
+
+        return tf.cond(due, average, lambda: tf.constant(False))
+
+
+def after_update(optimizer: Any) -> None:
+    """Called by the distributed optimizers after each update: LocalSGD's averaging."""
+    reduction = getattr(_flavor.inner_optimizer(optimizer), "_tfhvd", None)
+    local = None if reduction is None else reduction.__dict__.get("local_sgd")
+    if local is not None:
+        local.after_update()
+
+
+def _install(model: Any, reduction: Any, local: Optional[LocalAveraging]) -> None:
+    """Gives the optimizer's reduction ``local`` (or takes it away) and retraces the step."""
+    if reduction is None or reduction.__dict__.get("local_sgd") is local:
         return
-    reduction.local_only = local
+    reduction.local_sgd = local
     model.make_train_function(force=True)
 
 
@@ -161,6 +250,11 @@ class LocalSGDImpl:
     optimizer's slots) are averaged every ``k`` updates, and at the end of
     ``fit``.  The schedule follows ``optimizer.iterations``, so it resumes
     from a checkpoint.  ``period=1`` is synchronous training, unchanged.
+
+    With a ``DistributedOptimizer`` the schedule runs inside the train step
+    (see :class:`LocalAveraging`).  With a plain optimizer (``warmup_steps=0``
+    only) this callback averages after the batches that end a period, from
+    Python: a read of the step count per batch.
 
     Args:
       period: updates between averaging steps (>= 1).
@@ -183,18 +277,38 @@ class LocalSGDImpl:
         self.average_optimizer_state = bool(average_optimizer_state)
         self.process_set = process_set
         self.state = state
-        self.averages = 0  # how many averaging steps this callback ran
+        self._averages = 0  # averaging steps run from Python (end of fit, plain optimizer)
+        self._graph_averages = 0  # those counted by the train steps of earlier fits
         self._reduction = None
+        self._local: Optional[LocalAveraging] = None
+        self._committed = -1
         self._last_averaged = -1
         self._average_fn = None
         self._name = "LocalSGDCallback%d" % _LOCAL_SGD_INSTANCES[0]
         _LOCAL_SGD_INSTANCES[0] += 1
+        # Keras runs batch-end hooks on a worker thread unless a callback needs
+        # them in order; only the elastic commit and the plain-optimizer path do.
+        self.async_safe = state is None
+
+    @property
+    def averages(self) -> int:
+        """How many times this callback's schedule averaged the weights."""
+        count = self._graph_averages + self._averages
+        if self._local is not None:
+            count += int(self._local.count.numpy())
+        return count
 
     def _optimizer(self) -> Any:
         return self.model.optimizer
 
     def _iterations(self) -> int:
         return int(tf.convert_to_tensor(_flavor.inner_optimizer(self._optimizer()).iterations))
+
+    def _targets(self) -> List[Any]:
+        targets = list(self.model.weights)
+        if self.average_optimizer_state:
+            targets += optimizer_slots(self._optimizer())
+        return targets
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         from tfhvd._keras.distributed import reduction_of
@@ -212,42 +326,58 @@ class LocalSGDImpl:
         if self.period == 1:
             return
         self._last_averaged = self._iterations()
-        _set_local(self.model, reduction, self._last_averaged >= self.warmup_steps)
+        if reduction is None:
+            return
+        inner = _flavor.inner_optimizer(opt)
+        self._local = LocalAveraging(self.period, self.warmup_steps, self._targets,
+                                     self.process_set, "%s_Average" % self._name,
+                                     inner.iterations)
+        _install(self.model, reduction, self._local)
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.period == 1:
+            return
+        if self._local is not None:
+            if self.state is not None:
+                last = int(self._local.last_step.numpy())
+                # Commit only when the step that averaged is the last one run
+                # (with steps_per_execution > 1 it may not be).
+                if last != self._committed and last == self._iterations():
+                    self._committed = last
+                    self.state.commit()
             return
         n = self._iterations()
         after = n - self.warmup_steps
         if after > 0 and after % self.period == 0 and n != self._last_averaged:
             self._average(n)
-        if after >= 0 and self._reduction is not None \
-                and not self._reduction.__dict__.get("local_only"):
-            _set_local(self.model, self._reduction, True)
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.period == 1:
             return
         n = self._iterations()
+        local = self._local
+        if local is not None:
+            self._last_averaged = max(self._last_averaged, int(local.last_step.numpy()))
+            self._graph_averages += int(local.count.numpy())
+            self._local = None
+            _install(self.model, self._reduction, None)
         if n != self._last_averaged and n > self.warmup_steps:
             self._average(n)
-        _set_local(self.model, self._reduction, False)
 
     def _average(self, n: int) -> None:
-        targets = [w for w in self.model.weights]
-        if self.average_optimizer_state:
-            targets += optimizer_slots(self._optimizer())
+        targets = self._targets()
         key = tuple(id(t) for t in targets)
         if self._average_fn is None or self._average_fn[0] != key:
             # One traced function per list of variables: one op call, not one per variable.
             def average() -> None:
-                average_variables(targets, self.process_set, self._name)
+                average_variables(targets, self.process_set, "%s_Final" % self._name)
 
             self._average_fn = (key, tf.function(average, autograph=False))
         self._average_fn[1]()
         self._last_averaged = n
-        self.averages += 1
+        self._averages += 1
         if self.state is not None:
+            self._committed = n
             self.state.commit()
 
 

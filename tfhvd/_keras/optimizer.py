@@ -219,6 +219,12 @@ class _Keras3Distributed(_DistributedMixin):
         finally:
             reduction.current_variables = None
 
+    def apply(self, grads, trainable_variables=None):
+        """The wrapped optimizer's update, then LocalSGD's averaging when due."""
+        result = super().apply(grads, trainable_variables)
+        async_modes.after_update(self)
+        return result
+
     def _clip_gradients(self, grads):
         reduction = self._tfhvd
         scale = 1.0
@@ -289,6 +295,16 @@ class _LegacyDistributed(_DistributedMixin):
                         strict=True))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """The update (accumulated with ``backward_passes_per_step``), then
+        LocalSGD's averaging when due."""
+        result = self._tfhvd_apply_gradients(grads_and_vars, *args, **kwargs)
+        if self._tfhvd.__dict__.get("local_sgd") is not None:
+            deps = [result] if isinstance(result, (tf.Tensor, tf.Operation)) else []
+            with tf.control_dependencies(deps):
+                async_modes.after_update(self)
+        return result
+
+    def _tfhvd_apply_gradients(self, grads_and_vars, *args, **kwargs):
         from tfhvd._keras import legacy_compute
 
         reduction = self._tfhvd
