@@ -190,3 +190,16 @@ def elastic_training(pid_dir: str, batches: int) -> Dict:
     out = loop(state)
     out["resets"] = len(resets)
     return out
+
+
+def prints() -> int:
+    """Writes a line to each stream and one without its newline."""
+    import sys
+
+    import tfhvd.tensorflow as hvd
+
+    hvd.init()
+    print("hello from rank %d" % hvd.rank())
+    sys.stderr.write("a warning from rank %d\n" % hvd.rank())
+    sys.stdout.write("no newline %d" % hvd.rank())
+    return hvd.rank()

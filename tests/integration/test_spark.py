@@ -1,6 +1,7 @@
 """tfhvd.spark on a real Spark cluster: local-cluster[2,1,1024] (a master, two
 workers and an executor JVM each, on this machine), started here."""
 
+import io
 import os
 import shutil
 import sys
@@ -52,6 +53,16 @@ def test_collectives():
     assert [r["var"] for r in res] == ["from-driver", "from-driver"]
 
 
+def test_ranks_output_reaches_the_driver_streams():
+    out, err = io.StringIO(), io.StringIO()
+    assert tfhvd.spark.run(jobs.prints, num_proc=2, stdout=out, stderr=err) == [0, 1]
+    lines = out.getvalue().splitlines()
+    for r in range(2):
+        assert "[%d]<stdout>:hello from rank %d" % (r, r) in lines, lines
+        assert "[%d]<stdout>:no newline %d" % (r, r) in lines, lines
+        assert "[%d]<stderr>:a warning from rank %d" % (r, r) in err.getvalue().splitlines()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="over Gloo only"):
         tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, use_mpi=True)
@@ -99,3 +110,36 @@ def test_killed_task_ends_the_job_within_30s():
     assert info.value.rank == 1, str(info.value)
     assert "rank 1" in str(info.value).splitlines()[0], str(info.value)
     assert jobs.wait_gone(box["pids"]) == [], "a rank's process outlived the failed job"
+
+
+def test_elastic_recovers_from_a_killed_task():
+    """run_elastic: one task's process is killed mid-training; the survivor
+    resets, Spark retries the task, the new agent rejoins, and both finish."""
+    with tempfile.TemporaryDirectory() as d:
+        def kill_one_once():
+            pids = jobs.wait_pids(d, 2)
+            time.sleep(2)
+            jobs.kill(pids[1])
+
+        killer = threading.Thread(target=kill_one_once, daemon=True)
+        killer.start()
+        results = tfhvd.spark.run_elastic(jobs.elastic_training, args=(d, 30), num_proc=2,
+                                          min_np=1, max_np=2, start_timeout=60,
+                                          elastic_timeout=60)
+        killer.join(timeout=5)
+    assert len(results) == 2, results
+    assert all(r["batch"] == 30 and r["weight"] == 30.0 and r["size"] == 2
+               for r in results), results
+    assert any(r["resets"] >= 1 for r in results), results
+
+
+def test_elastic_failure_names_the_rank_and_arguments_are_checked():
+    with pytest.raises(ValueError, match="min_np"):
+        tfhvd.spark.run_elastic(jobs.elastic_training, args=("/tmp", 1), num_proc=2, min_np=3,
+                                max_np=3)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        tfhvd.spark.run_elastic(jobs.elastic_training, args=("/tmp", 1), num_proc=2, bogus=1)
+    with pytest.raises(WorkerError, match="reset limit|raised") as info:
+        tfhvd.spark.run_elastic(jobs.fails_on_rank_one, num_proc=2, min_np=2, max_np=2,
+                                reset_limit=0, elastic_timeout=20)
+    assert "rank one's deliberate failure" in str(info.value), str(info.value)

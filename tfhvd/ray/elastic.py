@@ -26,13 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tfhvd.runner.elastic import worker as wk
 from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
+from tfhvd.runner.elastic.engine import job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.common import Slot, worker_env
 
 COOLDOWN_S = (1, 4)
 
@@ -190,18 +189,10 @@ class _ElasticRayJob:
         return {"HOROVOD_GLOO_SCOPE": "ray-elastic-%d" % world.round}
 
     def _env(self, wid: str, world: World) -> Dict[str, str]:
-        info = world.info[wid]
-        host = split_id(wid)[0]
-        slot = Slot(info["rank"], host, info["local_rank"], info["local_size"],
-                    info["cross_rank"], info["cross_size"])
-        extra = dict(self.ex.env_vars)
-        extra.update({wk.ELASTIC_ENV: "1", wk.WORKER_ENV: wid, wk.TOKEN_ENV: self.service.token,
-                      wk.DRIVER_ENV: "%s:%d" % (self.addr, self.service.port),
-                      wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1",
-                      "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self.ex.settings.timeout_s))})
-        extra.update(self._world_env(world))
         iface = "lo" if self.addr == LOOPBACK else (self.ex.settings.nics or [None])[0]
-        return worker_env({}, slot, info["size"], self.addr, self.rendezvous_port, iface, extra)
+        return member_env(world, wid, self.service, self.addr, self.rendezvous_port,
+                          self.ex.env_vars, self.ex.settings.timeout_s, iface,
+                          self._world_env(world))
 
     def _node_id(self, host: str) -> Optional[str]:
         for node in ray.nodes():
@@ -252,24 +243,9 @@ class _ElasticRayJob:
         if actor is not None:
             _kill(actor)
 
-    def _discover(self) -> None:
-        while not self.driver.done:
-            self.driver.poll_hosts()
-            with self.driver.cond:
-                if not self.driver.done:
-                    self.driver.cond.wait(1.0)
-
     def run(self) -> List[Any]:
-        error: Optional[str] = None
         try:
-            self.driver.start()
-            threading.Thread(target=self._discover, daemon=True,
-                             name="tfhvd-ray-discovery").start()
-            error = self.driver.wait()
-        except Exception as e:  # noqa: BLE001 - a job that could not start
-            error = str(e)
-            with self.driver.cond:
-                self.driver._finish(error)
+            error = run_driver(self.driver)
         finally:
             with self.lock:
                 wids = list(self.actors)
@@ -281,13 +257,5 @@ class _ElasticRayJob:
                 _kill(actor)
             self.service.stop()
             self.rendezvous.stop()
-        if error:
-            detail = ""
-            with self.lock:
-                if self.errors:
-                    wid = sorted(self.errors)[0]
-                    detail = "; last failure, worker %s: %s" % (wid, self.errors[wid])
-            raise WorkerError("tfhvd.ray elastic job failed: %s%s" % (error, detail), -1)
         with self.lock:
-            done = sorted(self.results.values(), key=lambda rv: rv[0])
-        return [v for _, v in done]
+            return job_outcome("ray", error, dict(self.errors), dict(self.results))

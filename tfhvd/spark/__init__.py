@@ -3,7 +3,9 @@
 :func:`run` starts ``num_proc`` Spark tasks in one barrier stage (Spark
 schedules all of them at once or none); each task is one rank, bootstrapped
 through tfhvd's Gloo path with a rendezvous server on the driver, and the
-driver gets ``fn``'s results in rank order.
+driver gets ``fn``'s results in rank order.  :func:`run_elastic` runs an
+elastic job (``hvd.elastic.run`` inside) whose slots are Spark tasks, which
+Spark retries when they fail.
 
 Needs PySpark (and Java): ``pip install tfhvd[spark]``.  ``import tfhvd``
 itself never imports PySpark; this package does, and says which extra to
@@ -14,6 +16,7 @@ from tfhvd.runner.engines import WorkerError, require_engine
 
 require_engine("pyspark", "spark", "tfhvd.spark")
 
+from tfhvd.spark.elastic import run_elastic  # noqa: E402
 from tfhvd.spark.runner import run  # noqa: E402
 
-__all__ = ["run", "WorkerError"]
+__all__ = ["run", "run_elastic", "WorkerError"]

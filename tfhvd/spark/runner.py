@@ -18,7 +18,6 @@
 
 import os
 import re
-import urllib.request
 import uuid
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -26,7 +25,8 @@ import cloudpickle
 
 from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, \
     engine_slots
-from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
+from tfhvd.spark.output import DriverOutput, RankOutput
 
 _ERROR_SCOPE = "spark-errors"
 
@@ -57,7 +57,8 @@ def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
                   iface="lo" if local else None).apply(hosts[rank])
         fn, args, kwargs = cloudpickle.loads(payload)
         try:
-            result = call_as_rank(rank, fn, args, kwargs)
+            with RankOutput(addr, port, scope, rank):
+                result = call_as_rank(rank, fn, args, kwargs)
         except WorkerError as e:
             _report(addr, port, rank, e.worker_traceback)
             raise
@@ -69,10 +70,8 @@ def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
 
 
 def _report(addr: str, port: int, rank: int, text: str) -> None:
-    req = urllib.request.Request("http://%s:%d/%s/%d" % (addr, port, _ERROR_SCOPE, rank),
-                                 data=text.encode(), method="PUT")
     try:
-        urllib.request.urlopen(req, timeout=5).close()
+        kv_put(addr, port, _ERROR_SCOPE, str(rank), text.encode(), timeout=5)
     except OSError:
         pass  # the driver still learns of the failure from Spark
 
@@ -104,8 +103,10 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     the ranks' rendezvous.  ``env`` adds variables to every rank.  The job runs
     over Gloo; ``use_mpi=True`` is refused (an MPI job needs mpirun to start
     its processes, and Spark starts them here), and ``extra_mpi_args`` is
-    then meaningless and refused too.  ``stdout``/``stderr``: the ranks'
-    output stays in the executors' logs, as Spark keeps it; ``nics``: the
+    then meaningless and refused too.  ``stdout``/``stderr`` (default
+    ``sys.stdout``/``sys.stderr``): where the ranks' Python output is shown on
+    the driver, each line prefixed ``[rank]<stdout>:`` (it stays in the
+    executors' logs too, with what C++ code writes); ``nics``: the
     interface Gloo uses (first one), else the one that reaches the driver.
     """
     from pyspark import SparkContext
@@ -140,11 +141,13 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     sc.setJobGroup(group, "tfhvd.spark.run: %d ranks" % n, interruptOnCancel=True)
     if verbose >= 2:
         print("tfhvd.spark: %d ranks, rendezvous at %s:%d" % (n, driver_host, port))
+    output = DriverOutput(server.store, scope, stdout, stderr).start()
     try:
         rows = sc.parallelize(range(n), n).barrier().mapPartitions(job).collect()
     except Exception as e:  # noqa: BLE001 - turned into a WorkerError by rank
         raise _failure(e, server, n) from e
     finally:
+        output.close()
         server.stop()
     results = dict(rows)
     return [cloudpickle.loads(results[r]) for r in range(n)]
@@ -153,7 +156,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
 def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
     text = str(e)
     reported = {int(k): v.decode(errors="replace")
-                for k, v in server.store._data.get(_ERROR_SCOPE, {}).items()}
+                for k, v in server.store.items(_ERROR_SCOPE).items()}
     m = re.search(r"ResultTask\(\d+, (\d+)\)", text) or \
         re.search(r"Lost task (\d+)\.\d+ in stage", text)
     rank = int(m.group(1)) if m else (min(reported) if reported else -1)

@@ -16,7 +16,9 @@ worlds in turn.  :class:`RendezvousServer` is usable on its own by a driver.
 """
 
 import threading
+import urllib.error
 import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional, Tuple
 
@@ -45,6 +47,11 @@ class KVStore:
         with self._cond:
             self._cond.wait_for(lambda: key in self._data.get(scope, {}), timeout=wait_s)
             return self._data.get(scope, {}).get(key)
+
+    def items(self, scope: str) -> Dict[str, bytes]:
+        """A copy of one scope's keys and values (for drivers on this host)."""
+        with self._cond:
+            return dict(self._data.get(scope, {}))
 
     def delete_scope(self, scope: str) -> None:
         with self._cond:
@@ -158,3 +165,24 @@ class RendezvousServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def kv_put(addr: str, port: int, scope: str, key: str, value: bytes,
+           timeout: float = 10.0) -> None:
+    """Stores ``value`` under ``scope/key`` on the server at ``addr:port``."""
+    req = urllib.request.Request("http://%s:%d/%s/%s" % (addr, port, scope, key), data=value,
+                                 method="PUT")
+    urllib.request.urlopen(req, timeout=timeout).close()
+
+
+def kv_get(addr: str, port: int, scope: str, key: str, wait_ms: int = 0,
+           timeout: float = 10.0) -> Optional[bytes]:
+    """The value of ``scope/key``, waiting up to ``wait_ms`` for it (None: absent)."""
+    url = "http://%s:%d/%s/%s?wait_ms=%d" % (addr, port, scope, key, wait_ms)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout + wait_ms / 1000.0) as resp:
+            return resp.read()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise

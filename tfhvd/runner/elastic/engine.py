@@ -1,0 +1,83 @@
+"""What an elastic job on a cluster engine (Ray, Spark) shares with the others.
+
+The engine starts the workers; tfhvd's elastic driver decides who they are.
+:func:`member_env` is the environment of one member of a world (the elastic
+worker's variables plus its Gloo launch variables), and :func:`run_driver`
+runs the driver with its discovery thread to the end of the job.
+"""
+
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from tfhvd.runner.common import Slot, worker_env
+from tfhvd.runner.elastic import worker as wk
+from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
+    split_id
+from tfhvd.runner.elastic.service import ElasticService
+
+
+def member_env(world: World, wid: str, service: ElasticService, addr: str,
+               rendezvous_port: int, extra: Mapping[str, str], timeout_s: float,
+               iface: Optional[str], world_env: Mapping[str, str]) -> Dict[str, str]:
+    """The variables worker ``wid`` of ``world`` runs with: its rank and
+    topology, the driver's and the rendezvous server's addresses, the job's
+    token, ``extra`` (the user's), and ``world_env`` (the world's Gloo scope)."""
+    info = world.info[wid]
+    slot = Slot(info["rank"], split_id(wid)[0], info["local_rank"], info["local_size"],
+                info["cross_rank"], info["cross_size"])
+    env = dict(extra)
+    env.update({wk.ELASTIC_ENV: "1", wk.WORKER_ENV: wid, wk.TOKEN_ENV: service.token,
+                wk.DRIVER_ENV: "%s:%d" % (addr, service.port),
+                wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1",
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s))})
+    env.update(world_env)
+    return worker_env({}, slot, info["size"], addr, rendezvous_port, iface, env)
+
+
+def discover_until_done(driver: ElasticDriver,
+                        period: float = DISCOVER_HOSTS_FREQUENCY_S) -> None:
+    """A discovery pass every ``period`` seconds until the job ends (sleeps between)."""
+    while not driver.done:
+        driver.poll_hosts()
+        with driver.cond:
+            if not driver.done:
+                driver.cond.wait(period)
+
+
+def run_driver(driver: ElasticDriver, discover_first: bool = False) -> Optional[str]:
+    """Starts round 1, runs discovery beside the job, waits for its end.
+
+    Returns None when the job succeeded, else the reason it failed.  With
+    ``discover_first`` the discovery thread runs while round 1 waits for its
+    slots (an engine whose workers register after the job starts)."""
+    def discover() -> None:
+        discover_until_done(driver)
+
+    thread = threading.Thread(target=discover, daemon=True, name="tfhvd-engine-discovery")
+    if discover_first:
+        thread.start()
+    try:
+        driver.start()
+        if not discover_first:
+            thread.start()
+        return driver.wait()
+    except Exception as e:  # noqa: BLE001 - a job that could not start
+        with driver.cond:
+            driver._finish(str(e))
+        return str(e)
+
+
+def job_outcome(engine: str, error: Optional[str], errors: Mapping[str, Any],
+                results: Mapping[str, Tuple[int, Any]]) -> List[Any]:
+    """An engine's elastic job's return value: the finished workers' results in
+    rank order, or a :class:`~tfhvd.runner.engines.WorkerError` raised for
+    ``error`` with the first failed worker's failure (``errors`` by worker)."""
+    from tfhvd.runner.engines import WorkerError
+
+    if error:
+        detail = ""
+        if errors:
+            wid = sorted(errors)[0]
+            detail = "; last failure, worker %s: %s" % (wid, errors[wid])
+        raise WorkerError("tfhvd.%s elastic job failed: %s%s" % (engine, error, detail), -1)
+    return [v for _, v in sorted(results.values(), key=lambda rv: rv[0])]

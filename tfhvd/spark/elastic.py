@@ -1,0 +1,356 @@
+"""``tfhvd.spark.run_elastic``: an elastic tfhvd job whose slots are Spark tasks.
+
+The job is tfhvd's own elastic driver (:mod:`tfhvd.runner.elastic.driver`)
+with Spark tasks in place of hosts' slots:
+
+* ``max_np`` Spark tasks run in one ordinary (not barrier) stage, so Spark
+  retries a task that fails instead of aborting the stage.  Each task is an
+  *agent*: it registers on the driver's rendezvous server (host and process
+  id), sends a heartbeat every second, and waits for commands there
+  (long polls, no busy waiting).
+* Discovery: a host has as many slots as it has live agents.  A retried task
+  registers again and brings its slot back; an agent whose heartbeat stops
+  for :data:`LOST_AFTER_S` seconds is lost, and so is the worker it ran.
+* The driver's ``spawn`` sends an idle agent on the worker's host the
+  worker's environment; the agent runs ``fn`` in its own process (whose
+  ``hvd.elastic.run`` talks to the driver as under tfhvdrun) and reports the
+  result, the traceback, or that the worker left the job.  ``terminate``
+  makes the agent's process exit, which Spark sees as a failed task.
+* At the end every agent is told to stop, and the Spark job finishes.
+
+Recovery needs Spark to retry failed tasks: ``spark.task.maxFailures`` > 1
+(the default on a cluster and in ``local-cluster``; ``local[N, F]`` in local
+mode).
+"""
+
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import cloudpickle
+
+from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
+from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
+from tfhvd.runner.elastic.engine import job_outcome, member_env, run_driver
+from tfhvd.runner.elastic.service import ElasticService
+from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address
+from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
+from tfhvd.spark.output import DriverOutput, RankOutput
+
+LOST_AFTER_S = 8.0     # an agent silent this long is lost
+COOLDOWN_S = (1, 4)    # a failed worker's host sits out this long (seconds)
+_WATCH_S = 0.25        # how often the driver reads registrations, beats and reports
+
+
+def _scopes(job: str) -> Dict[str, str]:
+    return {k: "%s-%s" % (job, k) for k in ("agents", "beats", "cmd", "reports", "kill")}
+
+
+def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
+                output: Tuple[str, int, str]) -> Tuple[str, int, Any]:
+    """Runs one elastic worker in this process: (status, rank, value or traceback)."""
+    from tfhvd.spark.runner import _shutdown_tfhvd
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    rank = int(env["HOROVOD_RANK"])
+    try:
+        with RankOutput(*output, rank=rank):
+            value = call_as_rank(rank, fn, args, kwargs)
+        return "done", int(os.environ.get("HOROVOD_RANK", "-1")), value
+    except WorkerError as e:
+        if isinstance(e.__cause__, SystemExit) and not e.__cause__.code:
+            return "left", -1, None  # not part of the next world
+        return "failed", e.rank, e.worker_traceback or str(e)
+    finally:
+        _shutdown_tfhvd()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str]) -> Callable:
+    """The function each Spark task runs (sent to the executors)."""
+
+    def run_partition(_rows):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        me = "%d.%d" % (ctx.partitionId(), ctx.attemptNumber())
+        sc = _scopes(job)
+        kv_put(addr, port, sc["agents"], me, json.dumps(
+            {"host": host or node_address(), "pid": os.getpid()}).encode())
+        stopped = threading.Event()
+
+        def beat() -> None:
+            n = 0
+            while not stopped.is_set():
+                try:
+                    if kv_get(addr, port, sc["kill"], me, wait_ms=1000) is not None:
+                        os._exit(1)  # the driver stops this worker: the task fails
+                    kv_put(addr, port, sc["beats"], me, str(n).encode())
+                except OSError:
+                    time.sleep(1.0)  # the driver is gone or busy: the command loop decides
+                n += 1
+
+        threading.Thread(target=beat, daemon=True, name="tfhvd-spark-beat").start()
+        fn, args, kwargs = cloudpickle.loads(payload)
+        n, unreachable_since = 0, None
+        try:
+            while True:
+                try:
+                    raw = kv_get(addr, port, sc["cmd"], "%s.%d" % (me, n), wait_ms=1000)
+                    unreachable_since = None
+                except OSError:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > 60:
+                        break  # the driver went away without a word
+                    time.sleep(1.0)
+                    continue
+                if raw is None:
+                    continue
+                cmd = cloudpickle.loads(raw)
+                if cmd[0] == "stop":
+                    break
+                _, wid, env = cmd
+                status, rank, value = _run_worker(env, fn, args, kwargs, (addr, port, job))
+                kv_put(addr, port, sc["reports"], "%s.%d" % (me, n),
+                       cloudpickle.dumps((wid, status, rank, value)))
+                n += 1
+        finally:
+            stopped.set()
+        yield me
+
+    return run_partition
+
+
+@dataclass
+class _Agent:
+    host: str
+    pid: int
+    beat: bytes = b""
+    heard: float = field(default_factory=time.monotonic)
+    commands: int = 0
+    wid: Optional[str] = None
+    lost: bool = False
+    stopped: bool = False
+
+
+class _SparkAgents(HostDiscovery):
+    """Hosts and slots: the live agents, by host."""
+
+    def __init__(self, job: "_SparkElasticJob") -> None:
+        self.job = job
+
+    def find_available_hosts_and_slots(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        with self.job.lock:
+            for a in self.job.agents.values():
+                if not a.lost:
+                    out[a.host] = out.get(a.host, 0) + 1
+        return out
+
+
+class _SparkElasticJob:
+    def __init__(self, sc: Any, fn: Callable, args: Sequence, kwargs: Mapping, np_: int,
+                 min_np: int, max_np: int, start_timeout: int, elastic_timeout: float,
+                 reset_limit: Optional[int], env: Mapping[str, str],
+                 nics: Optional[Sequence[str]], verbose: int, stdout: Any = None,
+                 stderr: Any = None) -> None:
+        self.sc, self.max_np, self.verbose = sc, max_np, verbose
+        self.local = (sc.master or "").startswith("local")
+        self.addr = LOOPBACK if self.local else sc.getConf().get("spark.driver.host", LOOPBACK)
+        self.iface = "lo" if self.local else (list(nics)[0] if nics else None)
+        self.extra = {str(k): str(v) for k, v in env.items()}
+        self.start_timeout = start_timeout
+        self.job = "spark-elastic-" + uuid.uuid4().hex[:12]
+        self.scopes = _scopes(self.job)
+        self.payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+        self.lock = threading.RLock()
+        self.agents: Dict[str, _Agent] = {}
+        self.seen_reports: set = set()
+        self.results: Dict[str, Tuple[int, Any]] = {}
+        self.errors: Dict[str, str] = {}
+        self.spark_error: Optional[BaseException] = None
+        self.last_round = 0
+        self.rendezvous = RendezvousServer(LOOPBACK if self.local else "0.0.0.0")
+        self.port = self.rendezvous.start()
+        self.driver = ElasticDriver(HostManager(_SparkAgents(self), COOLDOWN_S), np=np_,
+                                    min_np=min_np, max_np=max_np, spawn=self._spawn,
+                                    terminate=self._terminate, timeout=elastic_timeout,
+                                    reset_limit=reset_limit, world_env=self._world_env)
+        self.service = ElasticService(self.driver, LOOPBACK if self.local else "0.0.0.0")
+        self.output = DriverOutput(self.rendezvous.store, self.job, stdout, stderr)
+
+    # ---- the driver's callbacks -------------------------------------------
+    def _world_env(self, world: World) -> Dict[str, str]:
+        if world.round > self.last_round:
+            if self.last_round:
+                self.rendezvous.store.delete_scope("%s-gloo-%d" % (self.job, self.last_round))
+            self.last_round = world.round
+        return {"HOROVOD_GLOO_SCOPE": "%s-gloo-%d" % (self.job, world.round)}
+
+    def _command(self, name: str, agent: _Agent, cmd: Tuple) -> None:
+        self.rendezvous.store.put(self.scopes["cmd"], "%s.%d" % (name, agent.commands),
+                                  cloudpickle.dumps(cmd))
+        agent.commands += 1
+
+    def _spawn(self, wid: str, world: World) -> None:
+        host = split_id(wid)[0]
+        env = member_env(world, wid, self.service, self.addr, self.port, self.extra,
+                         self.start_timeout, self.iface, self._world_env(world))
+        with self.lock:
+            idle = sorted(n for n, a in self.agents.items()
+                          if a.host == host and a.wid is None and not a.lost)
+            if idle:
+                agent = self.agents[idle[0]]
+                agent.wid = wid
+                self._command(idle[0], agent, ("run", wid, env))
+                return
+        # The agent behind this slot was lost since discovery counted it.
+        threading.Thread(target=self.driver.worker_exited, args=(wid, 1), daemon=True).start()
+
+    def _terminate(self, wid: str) -> None:
+        with self.lock:
+            for name, a in self.agents.items():
+                if a.wid == wid and not a.lost:
+                    self.rendezvous.store.put(self.scopes["kill"], name, b"1")
+
+    # ---- watching the agents ------------------------------------------------
+    def _watch(self) -> None:
+        while not self.driver.done:
+            exited = self._read_store(time.monotonic())
+            for wid, code in exited:
+                self.driver.worker_exited(wid, code)
+            time.sleep(_WATCH_S)
+
+    def _read_store(self, now: float) -> List[Tuple[str, int]]:
+        store = self.rendezvous.store
+        exited: List[Tuple[str, int]] = []
+        with self.lock:
+            for name, raw in store.items(self.scopes["agents"]).items():
+                if name not in self.agents:
+                    info = json.loads(raw.decode())
+                    self.agents[name] = _Agent(info["host"], int(info["pid"]))
+            beats = store.items(self.scopes["beats"])
+            for name, a in self.agents.items():
+                if a.lost:
+                    continue
+                if beats.get(name, b"") != a.beat:
+                    a.beat, a.heard = beats.get(name, b""), now
+                elif now - a.heard > LOST_AFTER_S:
+                    a.lost = True
+                    if a.wid is not None:
+                        self.errors[a.wid] = "its Spark task (agent %s, pid %d) was lost" \
+                            % (name, a.pid)
+                        exited.append((a.wid, 1))
+                        a.wid = None
+            for key, raw in store.items(self.scopes["reports"]).items():
+                if key in self.seen_reports:
+                    continue
+                self.seen_reports.add(key)
+                wid, status, rank, value = cloudpickle.loads(raw)
+                agent = self.agents.get(key.rsplit(".", 1)[0])
+                if agent is not None and agent.wid == wid:
+                    agent.wid = None
+                if status == "done":
+                    self.results[wid] = (rank, value)
+                elif status == "failed":
+                    self.errors[wid] = "rank %d raised:\n%s" % (rank, value)
+                exited.append((wid, 1 if status == "failed" else 0))
+        return exited
+
+    def _spark_job(self) -> None:
+        host = LOOPBACK if self.local else None
+        task = _agent(self.payload, self.addr, self.port, self.job, host)
+        self.sc.setJobGroup(self.job, "tfhvd.spark.run_elastic: up to %d ranks" % self.max_np,
+                            interruptOnCancel=True)
+        try:
+            self.sc.parallelize(range(self.max_np), self.max_np).mapPartitions(task).collect()
+        except BaseException as e:  # noqa: BLE001 - reported by run()
+            self.spark_error = e
+            with self.driver.cond:
+                self.driver._finish("the Spark job of the agents failed: %s"
+                                    % str(e).splitlines()[0][:300])
+
+    # ---- the job ------------------------------------------------------------
+    def run(self) -> List[Any]:
+        spark = threading.Thread(target=self._spark_job, daemon=True, name="tfhvd-spark-job")
+        spark.start()
+        self.output.start()
+        threading.Thread(target=self._watch, daemon=True, name="tfhvd-spark-watch").start()
+        try:
+            error = run_driver(self.driver, discover_first=True)
+        finally:
+            self._stop_agents(spark)
+            if spark.is_alive():
+                self.sc.cancelJobGroup(self.job)
+                spark.join(timeout=30)
+            self.output.close()
+            self.service.stop()
+            self.rendezvous.stop()
+        with self.lock:
+            return job_outcome("spark", error, dict(self.errors), dict(self.results))
+
+    def _stop_agents(self, spark: threading.Thread) -> None:
+        """Tells every agent to stop (kills those still running a worker) and
+        waits up to 60 s for the Spark job to end."""
+        deadline = time.monotonic() + 60
+        while spark.is_alive() and time.monotonic() < deadline:
+            self._read_store(time.monotonic())  # tasks that registered late stop too
+            with self.lock:
+                for name, a in self.agents.items():
+                    if a.lost or a.stopped:
+                        continue
+                    a.stopped = True
+                    if a.wid is not None:  # still running after the job ended
+                        self.rendezvous.store.put(self.scopes["kill"], name, b"1")
+                    else:
+                        self._command(name, a, ("stop",))
+            spark.join(timeout=_WATCH_S)
+
+
+def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
+                num_proc: Optional[int] = None, min_np: Optional[int] = None,
+                max_np: Optional[int] = None, start_timeout: Optional[int] = None,
+                elastic_timeout: Optional[float] = None, reset_limit: Optional[int] = None,
+                env: Optional[Mapping[str, str]] = None, stdout: Any = None,
+                stderr: Any = None, verbose: int = 1,
+                nics: Optional[Sequence[str]] = None, min_num_proc: Optional[int] = None,
+                max_num_proc: Optional[int] = None, **unused: Any) -> List[Any]:
+    """Runs ``fn(*args, **kwargs)``, which uses ``hvd.elastic.run``, as an
+    elastic tfhvd job on Spark tasks (see the module docstring); returns the
+    results of the workers of the last world in rank order.
+
+    ``num_proc`` (default ``defaultParallelism``) workers first, between
+    ``min_np`` and ``max_np`` (Horovod's ``min_num_proc``/``max_num_proc``
+    too; both default to ``num_proc``) later; ``max_np`` Spark tasks are
+    started.  ``elastic_timeout`` (``HOROVOD_ELASTIC_TIMEOUT``, 600 s) bounds a
+    wait for slots, ``start_timeout`` (``HOROVOD_SPARK_START_TIMEOUT``, 600 s)
+    each world's rendezvous, ``reset_limit`` the resets.  ``stdout``/``stderr``:
+    where the ranks' Python output is shown on the driver, as in
+    :func:`~tfhvd.spark.run`.  Raises
+    :class:`WorkerError` when the job fails.
+    """
+    from pyspark import SparkContext
+
+    bad = sorted(k for k in unused if k != "prefix_output_with_timestamp")
+    if bad:
+        raise TypeError("tfhvd.spark.run_elastic() got unexpected keyword arguments %s" % bad)
+    sc = SparkContext.getOrCreate()
+    n = int(num_proc or sc.defaultParallelism)
+    lo = int(min_num_proc if min_num_proc is not None else (min_np if min_np is not None else n))
+    hi = int(max_num_proc if max_num_proc is not None else (max_np if max_np is not None else n))
+    if not 1 <= lo <= n <= hi:
+        raise ValueError("tfhvd.spark.run_elastic needs 1 <= min_np (%d) <= num_proc (%d) <= "
+                         "max_np (%d)" % (lo, n, hi))
+    timeout = int(start_timeout or os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or 600)
+    elastic = float(elastic_timeout or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
+    job = _SparkElasticJob(sc, fn, args, dict(kwargs or {}), n, lo, hi, timeout, elastic,
+                           reset_limit, dict(env or {}), nics, verbose, stdout, stderr)
+    if verbose >= 2:
+        print("tfhvd.spark: elastic job of %d..%d ranks, driver at %s" % (lo, hi, job.addr))
+    return job.run()
