@@ -160,13 +160,23 @@ def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
     m = re.search(r"ResultTask\(\d+, (\d+)\)", text) or \
         re.search(r"Lost task (\d+)\.\d+ in stage", text)
     rank = int(m.group(1)) if m else (min(reported) if reported else -1)
-    # A rank whose peer died fails first at times; its error names the lost
-    # rank, which is the cause (it reported nothing: its process is gone).
-    lost = _lost_peer(reported.get(rank, ""))
-    if lost is not None and lost not in reported and 0 <= lost < n:
-        return WorkerError("tfhvd.spark: the task of rank %d died without a Python exception "
-                           "(its process was lost); rank %d reported:\n%s"
-                           % (lost, rank, reported[rank]), lost)
+    # The rank Spark saw fail first may only have lost its peer (a Gloo read
+    # error, or the runtime naming the rank that left).  Then the cause is a
+    # rank that raised something else, or else one whose process died: it
+    # reported nothing.
+    if rank in reported and _peer_loss(reported[rank]):
+        genuine = [r for r, tb in sorted(reported.items()) if not _peer_loss(tb)]
+        if genuine:
+            rank = genuine[0]
+        else:
+            lost = _lost_peer(reported[rank])
+            silent = [r for r in range(n) if r not in reported]
+            if lost is None or lost in reported or not 0 <= lost < n:
+                lost = silent[0] if silent else None
+            if lost is not None:
+                return WorkerError("tfhvd.spark: the task of rank %d died without a Python "
+                                   "exception (its process was lost); rank %d reported:\n%s"
+                                   % (lost, rank, reported[rank]), lost)
     if rank in reported:
         tb = reported[rank]
         return WorkerError("tfhvd.spark: rank %d raised:\n%s" % (rank, tb), rank, tb)
@@ -178,6 +188,16 @@ def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
     return WorkerError("tfhvd.spark: the task of rank %s failed without a Python exception "
                        "(its process died?): %s; every task of the job was stopped"
                        % (rank if rank >= 0 else "?", reason), rank)
+
+
+_PEER_LOSS = re.compile(r"have exited or lost their connection|Connection reset by peer|"
+                        r"Connection closed by peer|Broken pipe|Connection refused|"
+                        r"lost (?:its|the) connection")
+
+
+def _peer_loss(text: str) -> bool:
+    """Whether a rank's traceback is the symptom of another rank's loss."""
+    return bool(_PEER_LOSS.search(text))
 
 
 def _lost_peer(text: str) -> Optional[int]:
