@@ -16,8 +16,8 @@ Both are options of the reduction, not new optimizers:
   graph: the first ``w`` updates reduce the gradients (a ``tf.cond`` on the
   optimizer's step count), the later ones apply each rank's own, and after
   every ``k``-th update a second ``tf.cond`` averages the weights with one
-  grouped allreduce.  No Python runs per batch, so Keras keeps dispatching
-  batch callbacks asynchronously, as without tfhvd.  With ``period=1`` it
+  grouped allreduce.  No Python runs per batch and nothing is retraced
+  mid-``fit``.  With ``period=1`` it
   changes nothing: synchronous training, the same graph.
 """
 
@@ -183,23 +183,22 @@ class LocalAveraging:
     def gradients(self, reduction: Any, grads: List[Any], variables: Optional[List[Any]],
                   scale: float) -> List[Any]:
         """The gradients an update applies: reduced during the warm-up, else local."""
-        def local(values: List[Any]) -> List[Any]:
-            return [_scaled(g, scale) for g in values]
-
+        local = [None if g is None else _scaled(g, scale) for g in grads]
         idx = [i for i, g in enumerate(grads) if g is not None]
         if self.warmup_steps == 0 or not idx:
-            return [None if g is None else _scaled(g, scale) for g in grads]
-        present = [grads[i] for i in idx]
-        sparse = any(isinstance(g, tf.IndexedSlices) for g in present)
+            return local
+        # Both branches must return the same structure: dense when any is sparse.
+        sparse = any(isinstance(grads[i], tf.IndexedSlices) for i in idx)
+
+        def pick(values: List[Any]) -> List[Any]:
+            out = [values[i] for i in idx]
+            return _dense(out) if sparse else out
 
         def synchronous() -> List[Any]:
-            reduced = reduction.reduce(list(grads), variables, scale=scale)
-            out = [reduced[i] for i in idx]
-            return _dense(out) if sparse else out
+            return pick(reduction.reduce(list(grads), variables, scale=scale))
 
         def alone() -> List[Any]:
-            out = local(present)
-            return _dense(out) if sparse else out
+            return pick(local)
 
         chosen = tf.cond(self._step() < self.warmup_steps, synchronous, alone)
         out = list(grads)
@@ -286,9 +285,6 @@ class LocalSGDImpl:
         self._average_fn = None
         self._name = "LocalSGDCallback%d" % _LOCAL_SGD_INSTANCES[0]
         _LOCAL_SGD_INSTANCES[0] += 1
-        # Keras runs batch-end hooks on a worker thread unless a callback needs
-        # them in order; only the elastic commit and the plain-optimizer path do.
-        self.async_safe = state is None
 
     @property
     def averages(self) -> int:

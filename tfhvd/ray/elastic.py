@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
-from tfhvd.runner.elastic.engine import job_outcome, member_env, run_driver
+from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
@@ -172,27 +172,20 @@ class _ElasticRayJob:
         self.results: Dict[str, Tuple[int, Any]] = {}
         self.errors: Dict[str, BaseException] = {}
         self.finished: List[Any] = []
-        self.last_round = 0
         self.rendezvous = RendezvousServer(bind)
         self.rendezvous_port = self.rendezvous.start()
+        self.world_scopes = WorldScopes(self.rendezvous.store, "ray-elastic")
         self.driver = ElasticDriver(self.hosts, np=np_, min_np=s.min_np, max_np=s.max_np,
                                     spawn=self._spawn, terminate=self._terminate,
                                     timeout=s.elastic_timeout, reset_limit=s.reset_limit,
-                                    world_env=self._world_env)
+                                    world_env=self.world_scopes)
         self.service = ElasticService(self.driver, bind)
-
-    def _world_env(self, world: World) -> Dict[str, str]:
-        if world.round > self.last_round:
-            if self.last_round:
-                self.rendezvous.store.delete_scope("ray-elastic-%d" % self.last_round)
-            self.last_round = world.round
-        return {"HOROVOD_GLOO_SCOPE": "ray-elastic-%d" % world.round}
 
     def _env(self, wid: str, world: World) -> Dict[str, str]:
         iface = "lo" if self.addr == LOOPBACK else (self.ex.settings.nics or [None])[0]
         return member_env(world, wid, self.service, self.addr, self.rendezvous_port,
                           self.ex.env_vars, self.ex.settings.timeout_s, iface,
-                          self._world_env(world))
+                          self.world_scopes(world))
 
     def _node_id(self, host: str) -> Optional[str]:
         for node in ray.nodes():

@@ -35,7 +35,7 @@ import cloudpickle
 
 from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
-from tfhvd.runner.elastic.engine import job_outcome, member_env, run_driver
+from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
@@ -175,24 +175,17 @@ class _SparkElasticJob:
         self.results: Dict[str, Tuple[int, Any]] = {}
         self.errors: Dict[str, str] = {}
         self.spark_error: Optional[BaseException] = None
-        self.last_round = 0
         self.rendezvous = RendezvousServer(LOOPBACK if self.local else "0.0.0.0")
         self.port = self.rendezvous.start()
+        self.world_scopes = WorldScopes(self.rendezvous.store, "%s-gloo" % self.job)
         self.driver = ElasticDriver(HostManager(_SparkAgents(self), COOLDOWN_S), np=np_,
                                     min_np=min_np, max_np=max_np, spawn=self._spawn,
                                     terminate=self._terminate, timeout=elastic_timeout,
-                                    reset_limit=reset_limit, world_env=self._world_env)
+                                    reset_limit=reset_limit, world_env=self.world_scopes)
         self.service = ElasticService(self.driver, LOOPBACK if self.local else "0.0.0.0")
         self.output = DriverOutput(self.rendezvous.store, self.job, stdout, stderr)
 
     # ---- the driver's callbacks -------------------------------------------
-    def _world_env(self, world: World) -> Dict[str, str]:
-        if world.round > self.last_round:
-            if self.last_round:
-                self.rendezvous.store.delete_scope("%s-gloo-%d" % (self.job, self.last_round))
-            self.last_round = world.round
-        return {"HOROVOD_GLOO_SCOPE": "%s-gloo-%d" % (self.job, world.round)}
-
     def _command(self, name: str, agent: _Agent, cmd: Tuple) -> None:
         self.rendezvous.store.put(self.scopes["cmd"], "%s.%d" % (name, agent.commands),
                                   cloudpickle.dumps(cmd))
@@ -201,7 +194,7 @@ class _SparkElasticJob:
     def _spawn(self, wid: str, world: World) -> None:
         host = split_id(wid)[0]
         env = member_env(world, wid, self.service, self.addr, self.port, self.extra,
-                         self.start_timeout, self.iface, self._world_env(world))
+                         self.start_timeout, self.iface, self.world_scopes(world))
         with self.lock:
             idle = sorted(n for n, a in self.agents.items()
                           if a.host == host and a.wid is None and not a.lost)

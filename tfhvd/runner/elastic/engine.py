@@ -81,3 +81,19 @@ def job_outcome(engine: str, error: Optional[str], errors: Mapping[str, Any],
             detail = "; last failure, worker %s: %s" % (wid, errors[wid])
         raise WorkerError("tfhvd.%s elastic job failed: %s%s" % (engine, error, detail), -1)
     return [v for _, v in sorted(results.values(), key=lambda rv: rv[0])]
+
+
+class WorldScopes:
+    """Each world's Gloo rendezvous scope (``<prefix>-<round>``) on ``store``; the
+    previous world's keys are dropped when a newer world first asks.  Call it as
+    the driver's ``world_env``."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        self.store, self.prefix, self.last_round = store, prefix, 0
+
+    def __call__(self, world: World) -> Dict[str, str]:
+        if world.round > self.last_round:
+            if self.last_round:
+                self.store.delete_scope("%s-%d" % (self.prefix, self.last_round))
+            self.last_round = world.round
+        return {"HOROVOD_GLOO_SCOPE": "%s-%d" % (self.prefix, world.round)}
