@@ -76,6 +76,95 @@ def test_bad_arguments():
         ex.start()
 
 
+def test_horovod_names_and_elastic_mode_arguments():
+    s = RayExecutor.create_settings(timeout_s=60)
+    with pytest.raises(ValueError, match="excludes num_workers=2"):
+        RayExecutor(s, num_workers=2, min_workers=1)
+    with pytest.raises(ValueError, match="needs a positive min_workers"):
+        RayExecutor(s, max_workers=2)
+    elastic = RayExecutor(s, min_workers=1, max_workers=2)
+    with pytest.raises(RuntimeError, match="not available in elastic mode"):
+        elastic.run_remote(jobs.collectives, args=["x"])
+    with pytest.raises(ValueError, match="executable_cls is not available"):
+        elastic.start(executable_cls=dict)
+    # Horovod's deprecated names still place the workers: one host, two slots.
+    with pytest.warns(DeprecationWarning, match="num_slots"), \
+            pytest.warns(DeprecationWarning, match="cpus_per_slot"):
+        ex = RayExecutor(s, num_hosts=1, num_slots=2, cpus_per_slot=1)
+    assert (ex.num_workers, ex.cpus_per_worker) == (2, 1)
+    ex.start()
+    try:
+        assert ex.run(lambda: os.environ["HOROVOD_SIZE"]) == ["2", "2"]
+    finally:
+        ex.shutdown()
+
+
+def test_executor_inside_a_placement_group_uses_its_bundles():
+    from ray.util.placement_group import placement_group, placement_group_table, \
+        remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(pg.ready(), timeout=60)
+
+    @ray.remote(num_cpus=0)
+    def trial():
+        inner = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2)
+        inner.start()
+        try:
+            ranks = inner.run(lambda: os.environ["HOROVOD_RANK"])
+            same = inner._pg.id == ray.util.get_current_placement_group().id
+        finally:
+            inner.shutdown()
+        too_big = RayExecutor(RayExecutor.create_settings(), num_workers=3)
+        try:
+            too_big.start()
+            error = ""
+        except ValueError as e:
+            error = str(e)
+        return ranks, same, error
+
+    try:
+        groups = len(placement_group_table())
+        ranks, same, error = ray.get(trial.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_capture_child_tasks=True)).remote(), timeout=120)
+        assert ranks == ["0", "1"] and same
+        assert "has 2 bundles" in error and "num_workers=3" in error, error
+        assert len(placement_group_table()) == groups, "the executor made a group of its own"
+        assert placement_group_table(pg)["state"] == "CREATED", "the caller's group was removed"
+    finally:
+        remove_placement_group(pg)
+
+
+def test_elastic_mode_with_the_users_discovery():
+    """Horovod's elastic RayExecutor (min_workers) with override_discovery=False:
+    the hosts come from settings.discovery, here one slot of the two Ray has."""
+    from tfhvd.ray import RayHostDiscovery
+
+    class OneSlot(RayHostDiscovery):
+        calls = 0
+
+        def find_available_hosts_and_slots(self):
+            OneSlot.calls += 1
+            hosts = super().find_available_hosts_and_slots()
+            return {h: 1 for h in list(hosts)[:1]}
+
+    settings = RayExecutor.create_settings(timeout_s=60)
+    settings.discovery = OneSlot(use_gpu=False, cpus_per_slot=1)
+    ex = RayExecutor(settings, min_workers=1, max_workers=2, override_discovery=False,
+                     elastic_timeout=60)
+    ex.start(extra_env_vars={"TFHVD_TEST_ENGINE_VAR": "elastic"})
+    with tempfile.TemporaryDirectory() as d:
+        results = ex.run(jobs.elastic_training, args=[d, 5])
+    assert [(r["size"], r["batch"]) for r in results] == [(1, 5)], results
+    assert OneSlot.calls >= 1
+    no_discovery = ElasticRayExecutor(ElasticRayExecutor.create_settings(),
+                                      override_discovery=False)
+    with pytest.raises(ValueError, match="needs settings.discovery"):
+        no_discovery.start()
+
+
 def test_keras_fit_weights_equal_tfhvdrun():
     ref = jobs.reference_weights(epochs=2)
     ex = _executor()

@@ -14,6 +14,6 @@ from tfhvd.runner.engines import WorkerError, require_engine
 require_engine("ray", "ray", "tfhvd.ray")
 
 from tfhvd.ray.runner import RayExecutor, RaySettings  # noqa: E402
-from tfhvd.ray.elastic import ElasticRayExecutor  # noqa: E402
+from tfhvd.ray.elastic import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
 
-__all__ = ["RayExecutor", "RaySettings", "ElasticRayExecutor", "WorkerError"]
+__all__ = ["RayExecutor", "RaySettings", "ElasticRayExecutor", "RayHostDiscovery", "WorkerError"]

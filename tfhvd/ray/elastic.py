@@ -5,7 +5,10 @@ the one ``tfhvdrun --host-discovery-script`` runs) with Ray in place of
 processes and a discovery script:
 
 * hosts are the cluster's alive nodes, each with ``CPU / cpus_per_slot``
-  slots (GPUs too with ``use_gpu``), read from ``ray.nodes()`` every second;
+  slots (GPUs too with ``use_gpu``), read from ``ray.nodes()`` every second
+  (:class:`RayHostDiscovery`); with ``override_discovery=False`` they come
+  from ``settings.discovery`` instead (a subclass of it, say, that holds
+  some nodes back);
 * a worker is an actor started on its host's node (node affinity); it sets
   the elastic worker's variables (driver address, worker id, token, world
   topology, Gloo scope) in its environment and runs the function, whose
@@ -46,14 +49,25 @@ class ElasticRaySettings:
     elastic_timeout: float = 600.0
     timeout_s: float = 30.0
     nics: Optional[Sequence[str]] = None
+    cooldown_range: Optional[Tuple[float, float]] = None
+    verbose: int = 1
+    # Used with ElasticRayExecutor(override_discovery=False).
+    discovery: Optional[HostDiscovery] = None
 
 
 class RayHostDiscovery(HostDiscovery):
-    """The cluster's alive nodes (by address) and how many slots each has."""
+    """The cluster's alive nodes (by address) and how many slots each has:
+    ``CPU // cpus_per_slot``, and with ``use_gpu`` at most ``GPU //
+    gpus_per_slot`` (Horovod's signature; ``cpus_per_worker`` and
+    ``gpus_per_worker`` are its newer names)."""
 
-    def __init__(self, cpus_per_slot: float, gpus_per_slot: float = 0) -> None:
-        self.cpus_per_slot = cpus_per_slot
-        self.gpus_per_slot = gpus_per_slot
+    def __init__(self, use_gpu: bool = False, cpus_per_slot: float = 1,
+                 gpus_per_slot: float = 1, cpus_per_worker: Optional[float] = None,
+                 gpus_per_worker: Optional[float] = None) -> None:
+        self.use_gpu = bool(use_gpu)
+        self.cpus_per_slot = cpus_per_worker if cpus_per_worker is not None else cpus_per_slot
+        gpus = gpus_per_worker if gpus_per_worker is not None else gpus_per_slot
+        self.gpus_per_slot = (gpus or 1) if self.use_gpu else 0
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
@@ -94,8 +108,10 @@ class ElasticRayExecutor:
       use_gpu / cpus_per_slot / gpus_per_slot: each worker's resources (a
         node offers as many slots as it has room for).
       env_vars: variables every worker gets.
-      override_discovery: accepted for Horovod's signature; discovery is
-        always the cluster's nodes.
+      override_discovery: True (default): the hosts are the cluster's nodes
+        (:class:`RayHostDiscovery`); False: ``settings.discovery``, which
+        must then be set (any object with ``find_available_hosts_and_slots()``
+        returning ``{host address: slots}``).
     """
 
     @staticmethod
@@ -104,31 +120,63 @@ class ElasticRayExecutor:
                         timeout_s: float = 30, ssh_identity_file: Optional[str] = None,
                         nics: Optional[Sequence[str]] = None,
                         min_num_proc: Optional[int] = None,
-                        max_num_proc: Optional[int] = None) -> ElasticRaySettings:
+                        max_num_proc: Optional[int] = None,
+                        cooldown_range: Optional[Tuple[float, float]] = None,
+                        verbose: int = 1) -> ElasticRaySettings:
         """``min_np``/``max_np`` (or Horovod's ``min_num_proc``/``max_num_proc``)
         bound the world; ``elastic_timeout`` how long a world may wait for its
-        minimum; ``timeout_s`` the rendezvous of each world."""
+        minimum; ``timeout_s`` the rendezvous of each world;
+        ``cooldown_range`` (seconds, min and max) how long a failed worker's
+        host is left out (default 1 to 4 s).  ``verbose`` is accepted for
+        Horovod's signature."""
+        if cooldown_range is not None:
+            lo, hi = (float(v) for v in cooldown_range)
+            if not 0 <= lo <= hi:
+                raise ValueError("ElasticRayExecutor: cooldown_range must be (min, max) "
+                                 "seconds with 0 <= min <= max, got %r" % (cooldown_range,))
+            cooldown_range = (lo, hi)
         return ElasticRaySettings(int(min_num_proc or min_np),
                                   max_num_proc if max_num_proc is not None else max_np,
-                                  reset_limit, float(elastic_timeout), float(timeout_s), nics)
+                                  reset_limit, float(elastic_timeout), float(timeout_s), nics,
+                                  cooldown_range, int(verbose))
 
     def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False,
                  cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = None,
                  env_vars: Optional[Dict[str, str]] = None,
                  override_discovery: bool = True,
-                 min_workers: Optional[int] = None, max_workers: Optional[int] = None) -> None:
+                 min_workers: Optional[int] = None, max_workers: Optional[int] = None,
+                 cpus_per_worker: Optional[float] = None,
+                 gpus_per_worker: Optional[float] = None) -> None:
         self.settings = settings
         if min_workers is not None:
             settings.min_np = int(min_workers)
         if max_workers is not None:
             settings.max_np = int(max_workers)
+        if cpus_per_worker is not None:
+            cpus_per_slot = cpus_per_worker
+        if gpus_per_worker is not None:
+            gpus_per_slot = gpus_per_worker
+        self.use_gpu = bool(use_gpu)
         self.cpus_per_slot = cpus_per_slot
         self.gpus_per_slot = (gpus_per_slot or 1) if use_gpu else 0
+        self.override_discovery = bool(override_discovery)
         self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
         self._started = False
 
+    def discovery(self) -> HostDiscovery:
+        """Where the job's hosts come from (see ``override_discovery``)."""
+        if self.override_discovery:
+            return RayHostDiscovery(self.use_gpu, self.cpus_per_slot, self.gpus_per_slot)
+        found = getattr(self.settings, "discovery", None)
+        if found is None or not callable(getattr(found, "find_available_hosts_and_slots", None)):
+            raise ValueError("ElasticRayExecutor(override_discovery=False) needs "
+                             "settings.discovery, an object with "
+                             "find_available_hosts_and_slots(); got %r" % (found,))
+        return found
+
     def start(self) -> None:
         """Checks that Ray is up (``ray.init()`` if not); workers start in :meth:`run`."""
+        self.discovery()
         if not ray.is_initialized():
             ray.init()
         self._started = True
@@ -160,8 +208,7 @@ class _ElasticRayJob:
     def __init__(self, ex: ElasticRayExecutor, fn: Callable, args: List, kwargs: Dict) -> None:
         self.ex, self.fn, self.args, self.kwargs = ex, fn, args, kwargs
         s = ex.settings
-        self.hosts = HostManager(RayHostDiscovery(ex.cpus_per_slot, ex.gpus_per_slot),
-                                 COOLDOWN_S)
+        self.hosts = HostManager(ex.discovery(), s.cooldown_range or COOLDOWN_S)
         first = self.hosts.discovery.find_available_hosts_and_slots()
         here = ray.util.get_node_ip_address()
         bind, self.addr = driver_endpoint(here, list(first))

@@ -12,6 +12,15 @@ How a job starts (:meth:`RayExecutor.start`):
    :class:`~tfhvd.runner.engines.Bootstrap`, so its ``hvd.init()`` forms the
    world over Gloo exactly as under ``tfhvdrun --gloo``.
 
+Called from inside a placement group (a Ray task or actor of a Tune trial),
+the executor places its workers in that group's bundles instead
+(``use_current_placement_group``, Horovod's default), and leaves the group
+to its owner at shutdown.
+
+With ``min_workers`` (Horovod's elastic ``RayExecutor``) the executor runs
+an elastic job instead: :meth:`run` is then
+:meth:`tfhvd.ray.ElasticRayExecutor.run`, with the same settings.
+
 How a call ends (:meth:`run`, :meth:`execute`): the results come back in rank
 order.  The first rank that raises, or whose actor dies, ends the job: the
 other actors are stopped (they would wait forever in a collective with the
@@ -22,8 +31,9 @@ and carries its traceback.  The executor must then be started again.
 import os
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -47,6 +57,13 @@ class RaySettings:
     ssh_str: Optional[str] = None
     placement_group_timeout_s: float = 100.0
     nics: Optional[Sequence[str]] = None
+    # Elastic mode (min_workers) with override_discovery=False: the hosts.
+    discovery: Optional[Any] = None
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn("RayExecutor: %s is deprecated (as in Horovod); use %s" % (old, new),
+                  DeprecationWarning, stacklevel=3)
 
 
 class BaseWorker:
@@ -142,6 +159,15 @@ class RayExecutor:
       num_hosts / num_workers_per_host: that many ranks on each of that many
         distinct nodes.
       cpus_per_worker / use_gpu / gpus_per_worker: each actor's resources.
+      use_current_placement_group: called inside a placement group, put the
+        workers in its bundles (one per worker, or per host with num_hosts).
+      min_workers / max_workers / reset_limit / cooldown_range /
+        elastic_timeout / override_discovery: an elastic job (Horovod's
+        elastic ``RayExecutor``), run by :class:`ElasticRayExecutor`;
+        ``override_discovery=False`` takes the hosts from
+        ``settings.discovery``.
+      num_slots / cpus_per_slot / gpus_per_slot: Horovod's deprecated names
+        of num_workers_per_host / cpus_per_worker / gpus_per_worker.
     """
 
     @staticmethod
@@ -158,7 +184,35 @@ class RayExecutor:
     def __init__(self, settings: RaySettings, num_workers: Optional[int] = None,
                  num_hosts: Optional[int] = None, num_workers_per_host: int = 1,
                  cpus_per_worker: float = 1, use_gpu: bool = False,
-                 gpus_per_worker: Optional[float] = None) -> None:
+                 gpus_per_worker: Optional[float] = None,
+                 use_current_placement_group: bool = True,
+                 min_workers: Optional[int] = None, max_workers: Optional[int] = None,
+                 reset_limit: Optional[int] = None,
+                 cooldown_range: Optional[Tuple[float, float]] = None,
+                 elastic_timeout: float = 600, override_discovery: bool = True,
+                 num_slots: Optional[int] = None, cpus_per_slot: Optional[float] = None,
+                 gpus_per_slot: Optional[float] = None) -> None:
+        if num_slots is not None:
+            _deprecated("num_slots", "num_workers_per_host (with num_hosts) or num_workers")
+            num_workers_per_host = num_slots
+        if cpus_per_slot is not None:
+            _deprecated("cpus_per_slot", "cpus_per_worker")
+            cpus_per_worker = cpus_per_slot
+        if gpus_per_slot is not None:
+            _deprecated("gpus_per_slot", "gpus_per_worker")
+            gpus_per_worker = gpus_per_slot
+        self.settings = settings
+        self.workers: List[Any] = []
+        self._pg = None
+        self._own_pg = True
+        self._server: Optional[RendezvousServer] = None
+        self._elastic = None
+        if min_workers is not None or max_workers is not None:
+            self._elastic = _elastic_executor(
+                settings, num_workers, num_hosts, min_workers, max_workers, reset_limit,
+                cooldown_range, elastic_timeout, override_discovery, use_gpu,
+                cpus_per_worker, gpus_per_worker)
+            return
         if (num_workers is None) == (num_hosts is None):
             raise ValueError("RayExecutor needs exactly one of num_workers (got %r) and "
                              "num_hosts (got %r)" % (num_workers, num_hosts))
@@ -169,19 +223,33 @@ class RayExecutor:
                              % (num_hosts, num_workers_per_host))
         if gpus_per_worker and not use_gpu:
             raise ValueError("gpus_per_worker=%r needs use_gpu=True" % gpus_per_worker)
-        self.settings = settings
+        self.use_current_placement_group = use_current_placement_group
         self.num_hosts = num_hosts
         self.num_workers_per_host = num_workers_per_host
         self.num_workers = num_workers if num_workers is not None else \
             num_hosts * num_workers_per_host
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
-        self.workers: List[Any] = []
-        self._pg = None
-        self._server: Optional[RendezvousServer] = None
 
     # ---- start ----------------------------------------------------------
     def _placement(self):
+        """The caller's placement group (not ours to remove) or a new one."""
+        current = (ray.util.get_current_placement_group()
+                   if self.use_current_placement_group else None)
+        if current is not None:
+            need = self.num_hosts if self.num_hosts is not None else self.num_workers
+            if len(current.bundle_specs) < need:
+                raise ValueError(
+                    "RayExecutor.start: the current placement group has %d bundles, but %s "
+                    "needs one per %s (%d); pass use_current_placement_group=False for a "
+                    "group of the executor's own" % (
+                        len(current.bundle_specs),
+                        "num_hosts=%d" % need if self.num_hosts is not None
+                        else "num_workers=%d" % need,
+                        "host" if self.num_hosts is not None else "worker", need))
+            self._own_pg = False
+            return current
+        self._own_pg = True
         one = {"CPU": self.cpus_per_worker}
         if self.gpus_per_worker:
             one["GPU"] = self.gpus_per_worker
@@ -197,6 +265,14 @@ class RayExecutor:
         """Starts the actors and bootstraps tfhvd on them (``hvd.init()`` in a
         function run later forms the world).  ``executable_cls(*args,
         **kwargs)`` is then built on every worker, for :meth:`execute`."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise ValueError("RayExecutor.start: executable_cls is not available in "
+                                 "elastic mode (min_workers given): workers come and go")
+            self._elastic.env_vars.update({str(k): str(v)
+                                           for k, v in (extra_env_vars or {}).items()})
+            self._elastic.start()
+            return
         if self.workers:
             raise RuntimeError("RayExecutor.start: the executor is already started; "
                                "call shutdown() first")
@@ -253,6 +329,9 @@ class RayExecutor:
 
     # ---- calls ------------------------------------------------------------
     def _check_started(self, what: str) -> None:
+        if self._elastic is not None:
+            raise RuntimeError("RayExecutor.%s is not available in elastic mode (min_workers "
+                               "given): use run(fn), which runs an elastic job" % what)
         if not self.workers:
             raise RuntimeError("RayExecutor.%s: the executor is not started (call start(); "
                                "after a rank failed, start() again)" % what)
@@ -267,7 +346,10 @@ class RayExecutor:
             kwargs: Optional[Dict] = None, callbacks: Optional[List[Callable]] = None
             ) -> List[Any]:
         """``fn(*args, **kwargs)`` on every rank; its results in rank order.
-        A rank that raises or dies ends the job (:class:`WorkerError`)."""
+        A rank that raises or dies ends the job (:class:`WorkerError`).  In
+        elastic mode, :meth:`ElasticRayExecutor.run`."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs, callbacks)
         results = wait_refs(self.run_remote(fn, args, kwargs), self._stop_workers)
         for cb in callbacks or ():
             cb(results)
@@ -300,7 +382,7 @@ class RayExecutor:
         """Stops every actor, frees the placement group and the rendezvous
         server.  The executor can be started again."""
         self._stop_workers()
-        if self._pg is not None:
+        if self._pg is not None and self._own_pg:
             try:
                 remove_placement_group(self._pg)
             except Exception:  # noqa: BLE001 - the cluster may be gone
@@ -309,3 +391,32 @@ class RayExecutor:
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def _elastic_executor(settings: RaySettings, num_workers: Optional[int],
+                      num_hosts: Optional[int], min_workers: Optional[int],
+                      max_workers: Optional[int], reset_limit: Optional[int],
+                      cooldown_range: Optional[Tuple[float, float]], elastic_timeout: float,
+                      override_discovery: bool, use_gpu: bool, cpus_per_worker: float,
+                      gpus_per_worker: Optional[float]):
+    """The :class:`ElasticRayExecutor` behind an elastic ``RayExecutor``."""
+    from tfhvd.ray.elastic import ElasticRayExecutor
+
+    if min_workers is None or min_workers < 1:
+        raise ValueError("RayExecutor: an elastic job (max_workers=%r) needs a positive "
+                         "min_workers, got %r" % (max_workers, min_workers))
+    if num_workers is not None or num_hosts is not None:
+        raise ValueError("RayExecutor: min_workers=%d (elastic) excludes num_workers=%r and "
+                         "num_hosts=%r (fixed size); give one or the other"
+                         % (min_workers, num_workers, num_hosts))
+    if max_workers is not None and max_workers < min_workers:
+        raise ValueError("RayExecutor: max_workers=%d is below min_workers=%d"
+                         % (max_workers, min_workers))
+    es = ElasticRayExecutor.create_settings(
+        min_np=min_workers, max_np=max_workers, reset_limit=reset_limit,
+        elastic_timeout=elastic_timeout, timeout_s=settings.timeout_s, nics=settings.nics,
+        cooldown_range=cooldown_range)
+    es.discovery = settings.discovery
+    return ElasticRayExecutor(es, use_gpu=use_gpu, cpus_per_slot=cpus_per_worker,
+                              gpus_per_slot=gpus_per_worker,
+                              override_discovery=override_discovery)
