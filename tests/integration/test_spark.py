@@ -3,11 +3,13 @@ workers and an executor JVM each, on this machine), started here."""
 
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import pytest
 import engine_jobs as jobs
 import tfhvd.spark
 from tfhvd.spark import WorkerError
+from tfhvd.spark.runner import check_executable
 
 jobs.by_value(sys.modules[__name__])
 
@@ -61,6 +64,20 @@ def test_ranks_output_reaches_the_driver_streams():
         assert "[%d]<stdout>:hello from rank %d" % (r, r) in lines, lines
         assert "[%d]<stdout>:no newline %d" % (r, r) in lines, lines
         assert "[%d]<stderr>:a warning from rank %d" % (r, r) in err.getvalue().splitlines()
+
+
+def test_output_timestamps_and_the_executable_check(spark):
+    out = io.StringIO()
+    with pytest.warns(UserWarning, match="PYSPARK_PYTHON"):
+        tfhvd.spark.run(jobs.prints, num_proc=2, stdout=out, stderr=io.StringIO(),
+                        prefix_output_with_timestamp=True, executable="/opt/elsewhere/python3")
+    stamped = r"^\w{3} \w{3} \d{2} \d{2}:\d{2}:\d{2} \d{4} \[%d\]<stdout>:hello from rank %d$"
+    for r in range(2):
+        assert any(re.match(stamped % (r, r), line) for line in out.getvalue().splitlines()), \
+            out.getvalue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the workers' own Python: no warning
+        check_executable(spark.sparkContext, sys.executable, "run")
 
 
 def test_bad_arguments():

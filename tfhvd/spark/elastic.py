@@ -159,7 +159,7 @@ class _SparkElasticJob:
                  min_np: int, max_np: int, start_timeout: int, elastic_timeout: float,
                  reset_limit: Optional[int], env: Mapping[str, str],
                  nics: Optional[Sequence[str]], verbose: int, stdout: Any = None,
-                 stderr: Any = None) -> None:
+                 stderr: Any = None, timestamp: bool = False) -> None:
         self.sc, self.max_np, self.verbose = sc, max_np, verbose
         self.local = (sc.master or "").startswith("local")
         self.addr = LOOPBACK if self.local else sc.getConf().get("spark.driver.host", LOOPBACK)
@@ -183,7 +183,7 @@ class _SparkElasticJob:
                                     terminate=self._terminate, timeout=elastic_timeout,
                                     reset_limit=reset_limit, world_env=self.world_scopes)
         self.service = ElasticService(self.driver, LOOPBACK if self.local else "0.0.0.0")
-        self.output = DriverOutput(self.rendezvous.store, self.job, stdout, stderr)
+        self.output = DriverOutput(self.rendezvous.store, self.job, stdout, stderr, timestamp)
 
     # ---- the driver's callbacks -------------------------------------------
     def _command(self, name: str, agent: _Agent, cmd: Tuple) -> None:
@@ -313,7 +313,8 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
                 env: Optional[Mapping[str, str]] = None, stdout: Any = None,
                 stderr: Any = None, verbose: int = 1,
                 nics: Optional[Sequence[str]] = None, min_num_proc: Optional[int] = None,
-                max_num_proc: Optional[int] = None, **unused: Any) -> List[Any]:
+                max_num_proc: Optional[int] = None, prefix_output_with_timestamp: bool = False,
+                executable: Optional[str] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)``, which uses ``hvd.elastic.run``, as an
     elastic tfhvd job on Spark tasks (see the module docstring); returns the
     results of the workers of the last world in rank order.
@@ -325,15 +326,16 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
     wait for slots, ``start_timeout`` (``HOROVOD_SPARK_START_TIMEOUT``, 600 s)
     each world's rendezvous, ``reset_limit`` the resets.  ``stdout``/``stderr``:
     where the ranks' Python output is shown on the driver, as in
-    :func:`~tfhvd.spark.run`.  Raises
+    :func:`~tfhvd.spark.run`, with ``prefix_output_with_timestamp`` and
+    ``executable`` as there.  Raises
     :class:`WorkerError` when the job fails.
     """
     from pyspark import SparkContext
 
-    bad = sorted(k for k in unused if k != "prefix_output_with_timestamp")
-    if bad:
-        raise TypeError("tfhvd.spark.run_elastic() got unexpected keyword arguments %s" % bad)
+    from tfhvd.spark.runner import check_executable
+
     sc = SparkContext.getOrCreate()
+    check_executable(sc, executable, "run_elastic")
     n = int(num_proc or sc.defaultParallelism)
     lo = int(min_num_proc if min_num_proc is not None else (min_np if min_np is not None else n))
     hi = int(max_num_proc if max_num_proc is not None else (max_np if max_np is not None else n))
@@ -343,7 +345,8 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
     timeout = int(start_timeout or os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or 600)
     elastic = float(elastic_timeout or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
     job = _SparkElasticJob(sc, fn, args, dict(kwargs or {}), n, lo, hi, timeout, elastic,
-                           reset_limit, dict(env or {}), nics, verbose, stdout, stderr)
+                           reset_limit, dict(env or {}), nics, verbose, stdout, stderr,
+                           prefix_output_with_timestamp)
     if verbose >= 2:
         print("tfhvd.spark: elastic job of %d..%d ranks, driver at %s" % (lo, hi, job.addr))
     return job.run()

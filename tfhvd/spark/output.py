@@ -12,6 +12,7 @@ executors' logs.
 import io
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from tfhvd.runner.gloo.rendezvous import KVStore, kv_put
@@ -101,8 +102,9 @@ class DriverOutput:
     """On the driver: writes the ranks' forwarded output to ``stdout``/``stderr``."""
 
     def __init__(self, store: KVStore, job: str, stdout: Optional[TextIO],
-                 stderr: Optional[TextIO]) -> None:
+                 stderr: Optional[TextIO], timestamp: bool = False) -> None:
         self.store, self.scope = store, output_scope(job)
+        self.timestamp = timestamp
         self.streams = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
         self.partial: Dict[Tuple[int, str], str] = {}
         self.done: set = set()
@@ -123,8 +125,9 @@ class DriverOutput:
         elif tail:
             lines.append(tail)
         out = self.streams[stream]
+        when = time.strftime("%a %b %d %H:%M:%S %Y ") if self.timestamp else ""
         for line in lines:
-            out.write("[%d]<%s>:%s\n" % (rank, stream, line))
+            out.write("%s[%d]<%s>:%s\n" % (when, rank, stream, line))
         if lines:
             out.flush()
 

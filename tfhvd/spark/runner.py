@@ -18,7 +18,9 @@
 
 import os
 import re
+import shutil
 import uuid
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import cloudpickle
@@ -94,7 +96,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
         extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
         stdout: Any = None, stderr: Any = None, verbose: int = 1,
         nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
-        use_gloo: Optional[bool] = None) -> List[Any]:
+        use_gloo: Optional[bool] = None, prefix_output_with_timestamp: bool = False,
+        executable: Optional[str] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)`` as a tfhvd job of ``num_proc`` Spark tasks
     (default: the context's ``defaultParallelism``) and returns its results
     in rank order.
@@ -107,7 +110,11 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     ``sys.stdout``/``sys.stderr``): where the ranks' Python output is shown on
     the driver, each line prefixed ``[rank]<stdout>:`` (it stays in the
     executors' logs too, with what C++ code writes); ``nics``: the
-    interface Gloo uses (first one), else the one that reaches the driver.
+    interface Gloo uses (first one), else the one that reaches the driver;
+    ``prefix_output_with_timestamp``: each forwarded line starts with the
+    time the driver received it.  ``executable``: the Python the ranks
+    should run; Spark's Python workers run them (``spark.pyspark.python`` or
+    ``PYSPARK_PYTHON``), so a different one only gets a warning.
     """
     from pyspark import SparkContext
 
@@ -121,6 +128,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
         raise ValueError("tfhvd.spark.run: extra_mpi_args=%r given, but the job runs over "
                          "Gloo, not MPI" % (extra_mpi_args,))
     sc = SparkContext.getOrCreate()
+    check_executable(sc, executable, "run")
     n = int(num_proc or sc.defaultParallelism)
     if n < 1:
         raise ValueError("tfhvd.spark.run: num_proc must be at least 1, got %d" % n)
@@ -141,7 +149,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     sc.setJobGroup(group, "tfhvd.spark.run: %d ranks" % n, interruptOnCancel=True)
     if verbose >= 2:
         print("tfhvd.spark: %d ranks, rendezvous at %s:%d" % (n, driver_host, port))
-    output = DriverOutput(server.store, scope, stdout, stderr).start()
+    output = DriverOutput(server.store, scope, stdout, stderr,
+                          prefix_output_with_timestamp).start()
     try:
         rows = sc.parallelize(range(n), n).barrier().mapPartitions(job).collect()
     except Exception as e:  # noqa: BLE001 - turned into a WorkerError by rank
@@ -151,6 +160,23 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
         server.stop()
     results = dict(rows)
     return [cloudpickle.loads(results[r]) for r in range(n)]
+
+
+def check_executable(sc: Any, executable: Optional[str], what: str) -> None:
+    """Warns when ``executable`` is not the Python Spark's workers run."""
+    if executable is None:
+        return
+    worker = (sc.getConf().get("spark.pyspark.python", None)
+              or os.environ.get("PYSPARK_PYTHON") or "python3")
+
+    def where(cmd: str) -> str:
+        return os.path.abspath(shutil.which(cmd) or cmd)
+
+    if where(executable) != where(worker):
+        warnings.warn("tfhvd.spark.%s(executable=%r): Spark's Python workers run %r "
+                      "(spark.pyspark.python or PYSPARK_PYTHON), and the ranks run in them; "
+                      "set PYSPARK_PYTHON to choose their Python" % (what, executable, worker),
+                      stacklevel=3)
 
 
 def _failure(e: Exception, server: RendezvousServer, n: int) -> WorkerError:
