@@ -19,10 +19,16 @@ of the three rotates from repeat to repeat, so none always runs first:
   ``/proc/stat`` and the ranks' process times;
 * the final weights, so the table also says whether they equal tfhvdrun's.
 
+The interleaved run (``--rounds``) also runs the Ray and Spark jobs with
+``TFHVD_ENGINE_SESSION=inherit``: their ranks then stay in the engine's
+session, and so in its scheduling group where the kernel's autogroup is on,
+which shows what a session of their own (the default) is worth.
+
 Under tfhvdrun this file is also the worker program (``--worker``).
 """
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -192,8 +198,8 @@ def _summary(results: List[Dict]) -> Dict:
     if results[0].get("machine") and all(r.get("cpu_s") is not None for r in results):
         busy, steal = results[0]["machine"]
         ranks_cpu = sum(r["cpu_s"] for r in results)
-        window = sum(r["samples"] for r in results) / out["samples_per_s"] / len(results)
-        out.update(cpu_ms_per_1k=1e6 * ranks_cpu / sum(r["samples"] for r in results),
+        window = samples / out["samples_per_s"] / len(results)
+        out.update(cpu_ms_per_1k=1e6 * ranks_cpu / samples,
                    others_cores=max(busy - ranks_cpu, 0.0) / window,
                    steal_cores=steal / window)
     return out
@@ -217,26 +223,29 @@ def run_tfhvdrun(np_: int, epochs: int, **kw) -> Dict:
     return _summary(results)
 
 
-def run_ray(np_: int, epochs: int, **kw) -> Dict:
-    """The job on ``tfhvd.ray.RayExecutor``."""
+INHERIT = {"TFHVD_ENGINE_SESSION": "inherit"}
+
+
+def run_ray(np_: int, epochs: int, env: Optional[Dict[str, str]] = None, **kw) -> Dict:
+    """The job on ``tfhvd.ray.RayExecutor``; ``env``: more variables for its ranks."""
     from tfhvd.ray import RayExecutor
 
     t0 = time.time()
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=np_)
-    ex.start()
+    ex.start(extra_env_vars=env)
     try:
         return _summary(ex.run(train, kwargs=dict(kw, epochs=epochs, t0=t0)))
     finally:
         ex.shutdown()
 
 
-def run_spark(np_: int, epochs: int, **kw) -> Dict:
-    """The job on ``tfhvd.spark.run``."""
+def run_spark(np_: int, epochs: int, env: Optional[Dict[str, str]] = None, **kw) -> Dict:
+    """The job on ``tfhvd.spark.run``; ``env``: more variables for its ranks."""
     import tfhvd.spark
 
     t0 = time.time()
     return _summary(tfhvd.spark.run(train, kwargs=dict(kw, epochs=epochs, t0=t0),
-                                    num_proc=np_))
+                                    num_proc=np_, env=env))
 
 
 class _Coordinator:
@@ -314,7 +323,7 @@ def interleaved(launchers: List, np_: int, rounds: int, window: int,
         for turn in turns:
             turn["samples"] *= window
         finals[name]["turns"] = turns
-    return finals
+    return {name: finals[name] for name in coord.turns}  # in the launchers' order
 
 
 def main() -> None:
@@ -325,6 +334,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=40,
                    help="turns of each job in the interleaved run (0: none)")
     p.add_argument("--window", type=int, default=4, help="epochs per turn")
+    p.add_argument("--no-inherit", action="store_true",
+                   help="leave the TFHVD_ENGINE_SESSION=inherit jobs out of the interleaved run")
     p.add_argument("--dump", help="also write every run's and turn's figures to this JSON file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -351,14 +362,18 @@ def main() -> None:
     for pickler in (ray.cloudpickle, pyspark.cloudpickle):
         pickler.register_pickle_by_value(sys.modules[__name__])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    ray.init(num_cpus=args.np * 2, include_dashboard=False,
+    launchers = [("tfhvdrun --gloo", run_tfhvdrun), ("RayExecutor", run_ray),
+                 ("spark.run", run_spark)]
+    mixes = launchers if args.no_inherit else launchers + [
+        ("RayExecutor, inherited session", functools.partial(run_ray, env=INHERIT)),
+        ("spark.run, inherited session", functools.partial(run_spark, env=INHERIT))]
+    copies = 1 if args.no_inherit or not args.rounds else 2  # jobs alive at once per engine
+    ray.init(num_cpus=args.np * 2 * copies, include_dashboard=False,
              object_store_memory=200 * 1024 * 1024, log_to_driver=False)
-    spark = SparkSession.builder.master("local-cluster[%d,1,1024]" % args.np) \
+    spark = SparkSession.builder.master("local-cluster[%d,1,1024]" % (args.np * copies)) \
         .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
         .config("spark.python.worker.reuse", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    launchers = [("tfhvdrun --gloo", run_tfhvdrun), ("RayExecutor", run_ray),
-                 ("spark.run", run_spark)]
     rows: Dict[str, List[Dict]] = {name: [] for name, _ in launchers}
     opts: Dict = {}
     mixed: Dict[str, Dict] = {}
@@ -368,7 +383,7 @@ def main() -> None:
                 name, launch = launchers[(rep + k) % len(launchers)]
                 rows[name].append(launch(args.np, args.epochs, **opts))
         if args.rounds:
-            mixed = interleaved(launchers, args.np, args.rounds, args.window, **opts)
+            mixed = interleaved(mixes, args.np, args.rounds, args.window, **opts)
     finally:
         spark.stop()
         ray.shutdown()

@@ -65,7 +65,8 @@ def collectives(tag: str) -> Dict:
     return {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(),
             "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
             "cross_size": hvd.cross_size(), "sum": s, "gather": g, "bcast": b, "obj": obj,
-            "pid": os.getpid(), "var": os.environ.get("TFHVD_TEST_ENGINE_VAR")}
+            "pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0),
+            "var": os.environ.get("TFHVD_TEST_ENGINE_VAR")}
 
 
 def check_collectives(results: List[Dict], tag: str) -> None:
@@ -77,6 +78,8 @@ def check_collectives(results: List[Dict], tag: str) -> None:
         assert r["gather"] == [0, 0, 1, 1]
         assert r["bcast"] == 101
         assert r["obj"] == {"tag": tag, "from": 0}
+        # Each rank leads a session (and a process group) of its own, as under tfhvdrun.
+        assert r["sid"] == r["pid"] == r["pgid"], r
     assert results[0]["pid"] != results[1]["pid"]
 
 

@@ -17,10 +17,18 @@ An engine launcher
 A function a rank runs goes through :func:`call_as_rank`, so that an
 exception reaches the driver as a :class:`WorkerError` naming the rank and
 carrying its traceback.
+
+A rank also moves into a session of its own (:func:`own_session`), as every
+rank ``tfhvdrun`` starts has one.  On Linux with the autogroup scheduler
+(``/proc/sys/kernel/sched_autogroup_enabled``, on in most distributions) a
+session is a scheduling group; ranks left in the engine's session (Ray's and
+Spark's workers share their driver's) ran 5-20% slower than ``tfhvdrun``'s,
+see ``docs/PERFORMANCE.md``.
 """
 
 import importlib
 import os
+import signal
 import socket
 import traceback
 from dataclasses import dataclass, field
@@ -137,9 +145,58 @@ class Bootstrap:
 
     def apply(self, local_addr: Optional[str] = None) -> None:
         """Makes this process that rank: sets its environment (what
-        ``hvd.init()`` reads), dropping another job's per-rank variables."""
+        ``hvd.init()`` reads), dropping another job's per-rank variables,
+        and gives it a session of its own (:func:`own_session`)."""
         env = self.environment(dict(os.environ), local_addr)
         for k in list(os.environ):
             if k not in env:
                 del os.environ[k]
         os.environ.update(env)
+        own_session()
+
+
+SESSION_VAR = "TFHVD_ENGINE_SESSION"
+
+
+def own_session() -> bool:
+    """Moves this engine worker into a new session, and so into a scheduling
+    group of its own where the kernel groups by session (autogroup); returns
+    whether it now leads its session.  ``TFHVD_ENGINE_SESSION=inherit`` in
+    the rank's environment keeps the engine's session.
+
+    A process-group leader cannot call ``setsid`` (a Ray worker leads its
+    own group): it first joins its parent's group, then ``setsid`` makes it
+    the leader of a new session and of a new group with its own pid again,
+    so an engine that signals the worker's group (Ray's process-group
+    cleanup) still reaches it.  A worker that leaves the group its parent
+    leads (PySpark's daemon ends its workers with a SIGHUP to its group)
+    gets that SIGHUP when the parent dies instead."""
+    if os.environ.get(SESSION_VAR, "own").strip().lower() == "inherit":
+        return False
+    pid = os.getpid()
+    if os.getsid(0) == pid:
+        return True
+    old_group, parent = os.getpgid(0), os.getppid()
+    try:
+        if old_group == pid:
+            os.setpgid(0, os.getpgid(parent))
+        os.setsid()
+    except OSError:
+        if os.getpgid(0) != old_group:
+            try:
+                os.setpgid(0, 0)  # back to a group of its own
+            except OSError:
+                pass
+        return False
+    if old_group == parent:
+        _parent_death_signal(signal.SIGHUP)
+    return True
+
+
+def _parent_death_signal(signum: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -37,7 +37,8 @@ from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address
+from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address, \
+    own_session
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
 from tfhvd.spark.output import DriverOutput, RankOutput
 
@@ -57,6 +58,7 @@ def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
 
     saved = dict(os.environ)
     os.environ.update(env)
+    own_session()
     rank = int(env["HOROVOD_RANK"])
     try:
         with RankOutput(*output, rank=rank):
