@@ -192,6 +192,7 @@ def elastic_training(pid_dir: str, batches: int) -> Dict:
 
     out = loop(state)
     out["resets"] = len(resets)
+    out["own_session"] = os.getsid(0) == os.getpid()
     return out
 
 

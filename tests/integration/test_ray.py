@@ -224,6 +224,7 @@ def test_elastic_executor_recovers_from_a_killed_worker():
     assert all(r["batch"] == 30 and r["weight"] == 30.0 and r["size"] == 2
                for r in results), results
     assert any(r["resets"] >= 1 for r in results), results
+    assert all(r["own_session"] for r in results), results
     left = jobs.wait_for(lambda: not jobs.pids_matching("ray::ElasticWorker"), timeout=30)
     assert left, "elastic workers outlived the job: %r" % jobs.pids_matching("ray::ElasticWorker")
 

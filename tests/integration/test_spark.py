@@ -148,6 +148,7 @@ def test_elastic_recovers_from_a_killed_task():
     assert all(r["batch"] == 30 and r["weight"] == 30.0 and r["size"] == 2
                for r in results), results
     assert any(r["resets"] >= 1 for r in results), results
+    assert all(r["own_session"] for r in results), results
 
 
 def test_elastic_failure_names_the_rank_and_arguments_are_checked():

@@ -44,6 +44,16 @@ def test_inherit_keeps_the_engines_session():
                   process_group=0) == ["False", "False", "True"]
 
 
+def test_a_bad_setting_is_named():
+    out = _child("""
+        try:
+            own_session()
+        except ValueError as e:
+            print("error", "TFHVD_ENGINE_SESSION='shared'" in str(e))
+        """, {"TFHVD_ENGINE_SESSION": "shared"})
+    assert out == ["error", "True"]
+
+
 def test_a_leader_whose_group_has_other_members_keeps_its_group():
     """setsid fails while another process is in the leader's group: the
     worker goes back to the group it led and reports False."""
