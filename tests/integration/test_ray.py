@@ -74,6 +74,11 @@ def test_bad_arguments():
     ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=3), num_workers=9)
     with pytest.raises(TimeoutError, match="did not grant 9 bundles"):
         ex.start()
+    bad = {"TFHVD_ENGINE_SESSION": "shared"}
+    with pytest.raises(ValueError, match=r"extra_env_vars.*TFHVD_ENGINE_SESSION='shared'"):
+        RayExecutor(s, num_workers=2).start(extra_env_vars=bad)
+    with pytest.raises(ValueError, match=r"env_vars.*TFHVD_ENGINE_SESSION='shared'"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), env_vars=bad)
 
 
 def test_horovod_names_and_elastic_mode_arguments():
@@ -104,7 +109,8 @@ def test_executor_inside_a_placement_group_uses_its_bundles():
         remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg = placement_group([{"CPU": 1}, {"CPU": 1}])
+    # One bundle for both workers: they take any bundle with room, as Horovod's do.
+    pg = placement_group([{"CPU": 2}])
     ray.get(pg.ready(), timeout=60)
 
     @ray.remote(num_cpus=0)
@@ -130,7 +136,7 @@ def test_executor_inside_a_placement_group_uses_its_bundles():
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_capture_child_tasks=True)).remote(), timeout=120)
         assert ranks == ["0", "1"] and same
-        assert "has 2 bundles" in error and "num_workers=3" in error, error
+        assert "hold 2 workers of {'CPU': 1}" in error and "num_workers is 3" in error, error
         assert len(placement_group_table()) == groups, "the executor made a group of its own"
         assert placement_group_table(pg)["state"] == "CREATED", "the caller's group was removed"
     finally:

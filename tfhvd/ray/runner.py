@@ -29,6 +29,7 @@ and carries its traceback.  The executor must then be started again.
 """
 
 import os
+import sys
 import time
 import uuid
 import warnings
@@ -40,7 +41,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tfhvd.runner.engines import Bootstrap, WorkerError, call_as_rank, driver_endpoint, \
-    engine_slots, rank_order
+    engine_slots, rank_order, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 
 # After the first failure, how long other ranks' failures are awaited so that
@@ -62,8 +63,8 @@ class RaySettings:
 
 
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn("RayExecutor: %s is deprecated (as in Horovod); use %s" % (old, new),
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn("RayExecutor: %s is deprecated (Horovod 0.22 deprecated it, 0.24 removed "
+                  "it); use %s" % (old, new), DeprecationWarning, stacklevel=3)
 
 
 class BaseWorker:
@@ -93,6 +94,18 @@ class BaseWorker:
 
     def env(self, key: str) -> Optional[str]:
         return os.environ.get(key)
+
+
+def _worker_shape(cpus: float, gpus: float) -> Dict[str, float]:
+    return {"CPU": cpus, "GPU": gpus} if gpus else {"CPU": cpus}
+
+
+def _room(bundles: Sequence[Dict[str, float]], cpus: float, gpus: float) -> int:
+    """How many workers of ``cpus`` CPUs and ``gpus`` GPUs the bundles hold."""
+    needs = [(k, need) for k, need in (("CPU", cpus), ("GPU", gpus)) if need]
+    if not needs:
+        return sys.maxsize  # a worker that needs nothing fits anywhere
+    return sum(min(int(b.get(k, 0) // need) for k, need in needs) for b in bundles)
 
 
 def _actor_class(cpus: float, gpus: float, pg, bundle: int):
@@ -237,16 +250,14 @@ class RayExecutor:
         current = (ray.util.get_current_placement_group()
                    if self.use_current_placement_group else None)
         if current is not None:
-            need = self.num_hosts if self.num_hosts is not None else self.num_workers
-            if len(current.bundle_specs) < need:
+            room = _room(current.bundle_specs, self.cpus_per_worker, self.gpus_per_worker)
+            if room < self.num_workers:
                 raise ValueError(
-                    "RayExecutor.start: the current placement group has %d bundles, but %s "
-                    "needs one per %s (%d); pass use_current_placement_group=False for a "
-                    "group of the executor's own" % (
-                        len(current.bundle_specs),
-                        "num_hosts=%d" % need if self.num_hosts is not None
-                        else "num_workers=%d" % need,
-                        "host" if self.num_hosts is not None else "worker", need))
+                    "RayExecutor.start: the current placement group's bundles %s hold %d "
+                    "workers of %s, but num_workers is %d; pass "
+                    "use_current_placement_group=False for a group of the executor's own"
+                    % (current.bundle_specs, room, _worker_shape(
+                        self.cpus_per_worker, self.gpus_per_worker), self.num_workers))
             self._own_pg = False
             return current
         self._own_pg = True
@@ -265,6 +276,8 @@ class RayExecutor:
         """Starts the actors and bootstraps tfhvd on them (``hvd.init()`` in a
         function run later forms the world).  ``executable_cls(*args,
         **kwargs)`` is then built on every worker, for :meth:`execute`."""
+        session_mode({str(k): str(v) for k, v in (extra_env_vars or {}).items()},
+                     "RayExecutor.start(extra_env_vars=...)")
         if self._elastic is not None:
             if executable_cls is not None:
                 raise ValueError("RayExecutor.start: executable_cls is not available in "
@@ -298,12 +311,17 @@ class RayExecutor:
     def _start_actors(self, cls, args, kwargs, extra_env: Dict[str, str]) -> None:
         actors = []
         for i in range(self.num_workers):
-            bundle = i // self.num_workers_per_host if self.num_hosts is not None else i
+            # In the caller's group (a Tune trial's, say) a worker takes any bundle
+            # with room, as Horovod's do; in ours, its own (or its host's) bundle.
+            bundle = -1 if not self._own_pg else \
+                i // self.num_workers_per_host if self.num_hosts is not None else i
             actors.append(_actor_class(self.cpus_per_worker, self.gpus_per_worker,
                                        self._pg, bundle).remote())
         self.workers = actors
-        nodes = self._get([a.node.remote() for a in actors], self.settings.timeout_s,
-                          "starting the workers")
+        what = "starting the workers" if self._own_pg else (
+            "starting the workers in the current placement group (bundles %s; what else "
+            "runs in them may hold their resources)" % (self._pg.bundle_specs,))
+        nodes = self._get([a.node.remote() for a in actors], self.settings.timeout_s, what)
         order = rank_order([n["ip"] for n in nodes])
         self.workers = [actors[i] for i in order]
         hosts = [nodes[i]["ip"] for i in order]
@@ -349,7 +367,7 @@ class RayExecutor:
         A rank that raises or dies ends the job (:class:`WorkerError`).  In
         elastic mode, :meth:`ElasticRayExecutor.run`."""
         if self._elastic is not None:
-            return self._elastic.run(fn, args, kwargs, callbacks)
+            return self._elastic.run(fn, callbacks=callbacks, args=args, kwargs=kwargs)
         results = wait_refs(self.run_remote(fn, args, kwargs), self._stop_workers)
         for cb in callbacks or ():
             cb(results)
