@@ -71,7 +71,8 @@ def test_output_timestamps_and_the_executable_check(spark):
     with pytest.warns(UserWarning, match="PYSPARK_PYTHON"):
         tfhvd.spark.run(jobs.prints, num_proc=2, stdout=out, stderr=io.StringIO(),
                         prefix_output_with_timestamp=True, executable="/opt/elsewhere/python3")
-    stamped = r"^\w{3} \w{3} \d{2} \d{2}:\d{2}:\d{2} \d{4} \[%d\]<stdout>:hello from rank %d$"
+    # Horovod's form: time.asctime() then the rank, "Fri Dec  4 02:50:00 2026[0]<stdout>:".
+    stamped = r"^\w{3} \w{3} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\[%d\]<stdout>:hello from rank %d$"
     for r in range(2):
         assert any(re.match(stamped % (r, r), line) for line in out.getvalue().splitlines()), \
             out.getvalue()
@@ -87,6 +88,11 @@ def test_bad_arguments():
         tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, extra_mpi_args="-x A")
     with pytest.raises(ValueError, match="num_proc must be at least 1"):
         tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=-1)
+    bad = {"TFHVD_ENGINE_SESSION": "shared"}
+    with pytest.raises(ValueError, match=r"run\(env=...\): TFHVD_ENGINE_SESSION='shared'"):
+        tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, env=bad)
+    with pytest.raises(ValueError, match=r"run_elastic\(env=...\): TFHVD_ENGINE_SESSION="):
+        tfhvd.spark.run_elastic(jobs.collectives, args=("x",), num_proc=2, env=bad)
 
 
 def test_keras_fit_weights_equal_tfhvdrun():

@@ -34,7 +34,7 @@ from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint, \
-    own_session
+    own_session, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 
 COOLDOWN_S = (1, 4)
@@ -163,6 +163,7 @@ class ElasticRayExecutor:
         self.gpus_per_slot = (gpus_per_slot or 1) if use_gpu else 0
         self.override_discovery = bool(override_discovery)
         self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        session_mode(self.env_vars, "ElasticRayExecutor(env_vars=...)")
         self._started = False
 
     def discovery(self) -> HostDiscovery:
@@ -183,11 +184,12 @@ class ElasticRayExecutor:
             ray.init()
         self._started = True
 
-    def run(self, worker_fn: Callable, args: Optional[Sequence] = None,
-            kwargs: Optional[Dict] = None, callbacks: Optional[List[Callable]] = None
-            ) -> List[Any]:
+    def run(self, worker_fn: Callable, callbacks: Optional[List[Callable]] = None,
+            args: Optional[Sequence] = None, kwargs: Optional[Dict] = None) -> List[Any]:
         """Runs ``worker_fn`` (which uses ``hvd.elastic.run``) as an elastic job
-        until it ends; the finished workers' results in rank order.  Raises
+        until it ends; the finished workers' results in rank order.  The
+        positional order is Horovod's (``run(worker_fn, callbacks)``);
+        ``args``/``kwargs`` are tfhvd's, for ``worker_fn(*args, **kwargs)``.  Raises
         :class:`WorkerError` when the job fails (reset limit, no slots within
         ``elastic_timeout``, every worker failed)."""
         if not self._started:

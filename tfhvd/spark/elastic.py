@@ -38,7 +38,7 @@ from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address, \
-    own_session
+    own_session, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
 from tfhvd.spark.output import DriverOutput, RankOutput
 
@@ -58,9 +58,9 @@ def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
 
     saved = dict(os.environ)
     os.environ.update(env)
-    own_session()
     rank = int(env["HOROVOD_RANK"])
     try:
+        own_session()
         with RankOutput(*output, rank=rank):
             value = call_as_rank(rank, fn, args, kwargs)
         return "done", int(os.environ.get("HOROVOD_RANK", "-1")), value
@@ -309,13 +309,13 @@ class _SparkElasticJob:
 
 
 def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
-                num_proc: Optional[int] = None, min_np: Optional[int] = None,
-                max_np: Optional[int] = None, start_timeout: Optional[int] = None,
+                num_proc: Optional[int] = None, min_num_proc: Optional[int] = None,
+                max_num_proc: Optional[int] = None, start_timeout: Optional[int] = None,
                 elastic_timeout: Optional[float] = None, reset_limit: Optional[int] = None,
                 env: Optional[Mapping[str, str]] = None, stdout: Any = None,
                 stderr: Any = None, verbose: int = 1,
-                nics: Optional[Sequence[str]] = None, min_num_proc: Optional[int] = None,
-                max_num_proc: Optional[int] = None, prefix_output_with_timestamp: bool = False,
+                nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
+                min_np: Optional[int] = None, max_np: Optional[int] = None,
                 executable: Optional[str] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)``, which uses ``hvd.elastic.run``, as an
     elastic tfhvd job on Spark tasks (see the module docstring); returns the
@@ -346,6 +346,7 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
                          "max_np (%d)" % (lo, n, hi))
     timeout = int(start_timeout or os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or 600)
     elastic = float(elastic_timeout or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
+    session_mode(dict(env or {}), "tfhvd.spark.run_elastic(env=...)")
     job = _SparkElasticJob(sc, fn, args, dict(kwargs or {}), n, lo, hi, timeout, elastic,
                            reset_limit, dict(env or {}), nics, verbose, stdout, stderr,
                            prefix_output_with_timestamp)

@@ -125,7 +125,7 @@ class DriverOutput:
         elif tail:
             lines.append(tail)
         out = self.streams[stream]
-        when = time.strftime("%a %b %d %H:%M:%S %Y ") if self.timestamp else ""
+        when = time.asctime() if self.timestamp else ""  # Horovod's stamp, as it writes it
         for line in lines:
             out.write("%s[%d]<%s>:%s\n" % (when, rank, stream, line))
         if lines:

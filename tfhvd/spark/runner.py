@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import cloudpickle
 
 from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, \
-    engine_slots
+    engine_slots, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
 from tfhvd.spark.output import DriverOutput, RankOutput
 
@@ -93,14 +93,14 @@ def _shutdown_tfhvd() -> None:
 
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
         num_proc: Optional[int] = None, start_timeout: Optional[int] = None,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
         extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
         stdout: Any = None, stderr: Any = None, verbose: int = 1,
-        nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
-        use_gloo: Optional[bool] = None, prefix_output_with_timestamp: bool = False,
+        nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
         executable: Optional[str] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)`` as a tfhvd job of ``num_proc`` Spark tasks
     (default: the context's ``defaultParallelism``) and returns its results
-    in rank order.
+    in rank order.  The parameters are Horovod 0.28.1's, in its positional order.
 
     ``start_timeout`` (default ``HOROVOD_SPARK_START_TIMEOUT`` or 600 s) bounds
     the ranks' rendezvous.  ``env`` adds variables to every rank.  The job runs
@@ -139,6 +139,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     server = RendezvousServer(LOOPBACK if local else "0.0.0.0")
     port = server.start()
     task_env = {str(k): str(v) for k, v in (env or {}).items()}
+    session_mode(task_env, "tfhvd.spark.run(env=...)")
     if nics:
         task_env["HOROVOD_GLOO_IFACE"] = list(nics)[0]
     scope = "spark-" + uuid.uuid4().hex[:12]
