@@ -198,7 +198,7 @@ def _summary(results: List[Dict]) -> Dict:
     if results[0].get("machine") and all(r.get("cpu_s") is not None for r in results):
         busy, steal = results[0]["machine"]
         ranks_cpu = sum(r["cpu_s"] for r in results)
-        window = samples / out["samples_per_s"] / len(results)
+        window = samples / out["samples_per_s"]  # the timed epochs' seconds
         out.update(cpu_ms_per_1k=1e6 * ranks_cpu / samples,
                    others_cores=max(busy - ranks_cpu, 0.0) / window,
                    steal_cores=steal / window)
@@ -259,6 +259,21 @@ class _Coordinator:
         self.address = "127.0.0.1:%d" % self.server.getsockname()[1]
         self.turns: Dict[str, List[Dict]] = {j: [] for j in jobs}
 
+    @staticmethod
+    def _report(f, job: str) -> Dict:
+        line = f.readline()
+        if not line:
+            raise OSError("a rank of %r hung up mid-turn" % job)
+        return json.loads(line)
+
+    def stop(self) -> None:
+        """Wakes :meth:`run` out of ``accept`` (a job failed to start)."""
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.server.close()
+
     def run(self) -> None:
         ranks: Dict[str, List] = {j: [] for j in self.jobs}
         samples: Dict[str, int] = {j: 0 for j in self.jobs}
@@ -267,7 +282,7 @@ class _Coordinator:
                 conn, _ = self.server.accept()
                 conn.settimeout(600)
                 f = conn.makefile("rw")
-                hello = json.loads(f.readline())
+                hello = self._report(f, "a job")
                 ranks[hello["job"]].append(f)
                 samples[hello["job"]] += hello["samples"]
             for rnd in range(self.rounds):
@@ -277,7 +292,7 @@ class _Coordinator:
                     for f in ranks[job]:
                         f.write("go\n")
                         f.flush()
-                    cpu = sum(json.loads(f.readline())["cpu"] for f in ranks[job])
+                    cpu = sum(self._report(f, job)["cpu"] for f in ranks[job])
                     wall, m1 = time.perf_counter() - start, _machine_times()
                     turn = {"wall": wall, "cpu": cpu, "samples": samples[job]}
                     if m0 and m1:
@@ -306,7 +321,7 @@ def interleaved(launchers: List, np_: int, rounds: int, window: int,
                                   window=window, **kw)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
-            coord.server.close()
+            coord.stop()
     threads = [threading.Thread(target=job, args=l, daemon=True) for l in launchers]
     for t in threads:
         t.start()

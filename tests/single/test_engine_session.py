@@ -31,7 +31,7 @@ def test_a_member_of_its_parents_group_gets_its_own_session():
 def test_a_group_leader_gets_its_own_session_and_group():
     """Ray's case: the worker leads its own group, where setsid alone fails."""
     assert _child("assert os.getpgid(0) == os.getpid()\nok = own_session()\n" + _REPORT,
-                  process_group=0) == ["True", "True", "True"]
+                  preexec_fn=os.setpgrp) == ["True", "True", "True"]
 
 
 def test_a_session_leader_stays_as_it_is():
@@ -41,7 +41,7 @@ def test_a_session_leader_stays_as_it_is():
 
 def test_inherit_keeps_the_engines_session():
     assert _child("ok = own_session()\n" + _REPORT, {"TFHVD_ENGINE_SESSION": "inherit"},
-                  process_group=0) == ["False", "False", "True"]
+                  preexec_fn=os.setpgrp) == ["False", "False", "True"]
 
 
 def test_a_bad_setting_is_named():
@@ -66,7 +66,7 @@ def test_a_leader_whose_group_has_other_members_keeps_its_group():
         finally:
             member.kill()
         """ + _REPORT
-    assert _child(body, process_group=0) == ["False", "False", "True"]
+    assert _child(body, preexec_fn=os.setpgrp) == ["False", "False", "True"]
 
 
 def _alive(pid: int) -> bool:
@@ -94,7 +94,7 @@ def test_leaving_the_group_its_parent_leads_keeps_the_parents_end_signal(tmp_pat
             time.sleep(0.05)
         """)
     subprocess.run([sys.executable, "-c", daemon, str(pid_file), worker_code], check=True, timeout=60,
-                   process_group=0)  # leads its group, as PySpark's daemon does
+                   preexec_fn=os.setpgrp)  # leads its group, as PySpark's daemon does
     worker = int(pid_file.read_text())
     end = time.time() + 10
     while time.time() < end:

@@ -158,6 +158,18 @@ class Bootstrap:
 SESSION_VAR = "TFHVD_ENGINE_SESSION"
 
 
+def session_mode(env: Mapping[str, str], where: str = "") -> str:
+    """``TFHVD_ENGINE_SESSION`` in ``env``: ``own`` (the default) or
+    ``inherit``; anything else is a ValueError naming it (and ``where``).
+    The launchers check the variables they pass before starting anything."""
+    mode = env.get(SESSION_VAR, "own").strip().lower() or "own"
+    if mode not in ("own", "inherit"):
+        raise ValueError("%s%s=%r: expected 'own' (the default: a session of the rank's own) "
+                         "or 'inherit' (stay in the engine's)"
+                         % (where + ": " if where else "", SESSION_VAR, env[SESSION_VAR]))
+    return mode
+
+
 def own_session() -> bool:
     """Moves this engine worker into a new session, and so into a scheduling
     group of its own where the kernel groups by session (autogroup); returns
@@ -171,7 +183,7 @@ def own_session() -> bool:
     cleanup) still reaches it.  A worker that leaves the group its parent
     leads (PySpark's daemon ends its workers with a SIGHUP to its group)
     gets that SIGHUP when the parent dies instead."""
-    if os.environ.get(SESSION_VAR, "own").strip().lower() == "inherit":
+    if session_mode(os.environ) == "inherit":
         return False
     pid = os.getpid()
     if os.getsid(0) == pid:
@@ -190,6 +202,8 @@ def own_session() -> bool:
         return False
     if old_group == parent:
         _parent_death_signal(signal.SIGHUP)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os.kill(os.getpid(), signal.SIGHUP)
     return True
 
 
