@@ -103,3 +103,29 @@ def test_leaving_the_group_its_parent_leads_keeps_the_parents_end_signal(tmp_pat
         time.sleep(0.05)
     os.kill(worker, signal.SIGKILL)
     pytest.fail("the worker outlived the parent whose group it left")
+
+
+def test_a_multithreaded_parent_arms_no_death_signal(tmp_path):
+    """A parent with more threads than one (a JVM) could end the worker when
+    the thread that started it exits: no death signal is armed there."""
+    pid_file = tmp_path / "worker.pid"
+    worker_code = ("import os, sys, time\n"
+                   "from tfhvd.runner.engines import own_session\n"
+                   "assert own_session()\n"
+                   "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                   "time.sleep(5)\n")
+    parent = textwrap.dedent("""
+        import os, subprocess, sys, threading, time
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]])
+        while not os.path.exists(sys.argv[1]) or not open(sys.argv[1]).read():
+            time.sleep(0.05)
+        """)
+    subprocess.run([sys.executable, "-c", parent, str(pid_file), worker_code], check=True,
+                   timeout=60, preexec_fn=os.setpgrp)
+    worker = int(pid_file.read_text())
+    time.sleep(1)
+    alive = _alive(worker)
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert alive, "the worker was ended with its multithreaded parent"

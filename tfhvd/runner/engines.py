@@ -182,7 +182,8 @@ def own_session() -> bool:
     so an engine that signals the worker's group (Ray's process-group
     cleanup) still reaches it.  A worker that leaves the group its parent
     leads (PySpark's daemon ends its workers with a SIGHUP to its group)
-    gets that SIGHUP when the parent dies instead."""
+    gets that SIGHUP when the parent dies instead, where the parent has a
+    single thread (see :func:`_threads`)."""
     if session_mode(os.environ) == "inherit":
         return False
     pid = os.getpid()
@@ -200,11 +201,27 @@ def own_session() -> bool:
             except OSError:
                 pass
         return False
-    if old_group == parent:
+    if old_group == parent and _threads(parent) == 1:
         _parent_death_signal(signal.SIGHUP)
         if os.getppid() != parent:  # it died before the signal was armed
             os.kill(os.getpid(), signal.SIGHUP)
     return True
+
+
+def _threads(pid: int) -> int:
+    """``pid``'s thread count (0 when unknown).  The parent-death signal
+    follows the parent thread that forked the child, so it stands for the
+    parent's death only when the parent has one thread (PySpark's daemon);
+    a JVM parent (PySpark without its daemon) would end the worker when the
+    thread that started it exits."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _parent_death_signal(signum: int) -> None:
