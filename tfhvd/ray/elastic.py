@@ -33,8 +33,8 @@ from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, driver_endpoint, \
-    own_session, session_mode
+from tfhvd.runner.engines import LOOPBACK, WorkerError, become_rank, call_as_rank, \
+    driver_endpoint, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 
 COOLDOWN_S = (1, 4)
@@ -89,10 +89,7 @@ class ElasticWorker:
 
     def run(self, env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict
             ) -> Tuple[str, int, Any]:
-        for k in [k for k in os.environ if k not in env]:
-            del os.environ[k]
-        os.environ.update(env)
-        own_session()
+        become_rank(env)
         try:
             value = call_as_rank(int(env["HOROVOD_RANK"]), fn, args, kwargs)
         except WorkerError as e:

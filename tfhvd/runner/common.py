@@ -204,14 +204,15 @@ def iface_of(addr: str) -> Optional[str]:
 
 # ---- processes ------------------------------------------------------------
 
-def set_pdeathsig() -> None:
-    """In the child (a ``preexec_fn``): get SIGTERM if the launcher dies, so
-    no rank or mpirun outlives it (Linux only; elsewhere a no-op)."""
+def set_pdeathsig(signum: int = signal.SIGTERM) -> None:
+    """In the child (a ``preexec_fn``): get ``signum`` (SIGTERM) if the
+    launcher dies, so no rank or mpirun outlives it (Linux only; elsewhere a
+    no-op)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signum))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 

@@ -22,7 +22,7 @@ A rank also moves into a session of its own (:func:`own_session`), as every
 rank ``tfhvdrun`` starts has one.  On Linux with the autogroup scheduler
 (``/proc/sys/kernel/sched_autogroup_enabled``, on in most distributions) a
 session is a scheduling group; ranks left in the engine's session (Ray's and
-Spark's workers share their driver's) ran 5-20% slower than ``tfhvdrun``'s,
+Spark's workers share their driver's) ran 4-15% slower than ``tfhvdrun``'s,
 see ``docs/PERFORMANCE.md``.
 """
 
@@ -34,7 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfhvd.runner.common import Slot, iface_of, worker_env
+from tfhvd.runner.common import Slot, iface_of, set_pdeathsig, worker_env
 from tfhvd.runner.elastic.driver import topology, worker_id
 
 LOOPBACK = "127.0.0.1"
@@ -147,12 +147,17 @@ class Bootstrap:
         """Makes this process that rank: sets its environment (what
         ``hvd.init()`` reads), dropping another job's per-rank variables,
         and gives it a session of its own (:func:`own_session`)."""
-        env = self.environment(dict(os.environ), local_addr)
-        for k in list(os.environ):
-            if k not in env:
-                del os.environ[k]
-        os.environ.update(env)
-        own_session()
+        become_rank(self.environment(dict(os.environ), local_addr))
+
+
+def become_rank(env: Mapping[str, str]) -> None:
+    """Makes ``env`` this process's whole environment (what ``hvd.init()``
+    reads, without another job's per-rank variables) and moves it into a
+    session of its own (:func:`own_session`)."""
+    for k in [k for k in os.environ if k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+    own_session()
 
 
 SESSION_VAR = "TFHVD_ENGINE_SESSION"
@@ -202,7 +207,7 @@ def own_session() -> bool:
                 pass
         return False
     if old_group == parent and _threads(parent) == 1:
-        _parent_death_signal(signal.SIGHUP)
+        set_pdeathsig(signal.SIGHUP)
         if os.getppid() != parent:  # it died before the signal was armed
             os.kill(os.getpid(), signal.SIGHUP)
     return True
@@ -222,12 +227,3 @@ def _threads(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def _parent_death_signal(signum: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
