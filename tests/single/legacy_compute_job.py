@@ -59,6 +59,59 @@ def check_aggregation_in_tf_function(average):
     assert opt._agg_helper.counter.numpy() == 10 % steps
 
 
+class AddOptimizerV2(keras.optimizers.legacy.Optimizer):
+    """Adds the gradient to the variable: an OptimizerV2 (keras.optimizers.legacy)."""
+
+    def _create_slots(self, var_list):
+        pass
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_add(grad)
+
+    def get_config(self):
+        return super().get_config()
+
+
+def check_aggregation_with_local_vars(average):
+    """backward_passes_per_step with registered local variables, the variables
+    given as nested lists (Horovod's rule): a local variable's accumulated
+    gradient is not reduced but divided by the size; the others are averaged;
+    both divided by the steps with average_aggregated_gradients."""
+    steps, n, n_local = 3, 6, 2
+    opt = hvd.DistributedOptimizer(AddOptimizerV2("add2"), backward_passes_per_step=steps,
+                                   average_aggregated_gradients=average, sparse_as_dense=True)
+    _ = opt.iterations
+    xs = [tf.Variable([0.5 * i]) for i in range(n)]
+    ys = [tf.Variable([1.0, 3.0]) for _ in range(n)]
+    for v in xs[:n_local] + ys[:n_local]:
+        opt.register_local_var(v)
+    r, size = float(hvd.rank() + 1), hvd.size()
+
+    def loss():
+        return 2.0 * tf.stack(xs) - r * tf.gather(tf.stack(ys), [0], axis=1)
+
+    @tf.function
+    def step():
+        pairs = opt._compute_gradients(loss, var_list=[xs, ys])
+        opt.apply_gradients(pairs, experimental_aggregate_gradients=False)
+
+    mean_r = np.mean([q + 1.0 for q in range(size)])
+    for i in range(2 * steps + 1):
+        step()
+        applied = (i + 1) // steps
+        per = 1.0 / steps if average else 1.0
+        gx = applied * steps * 2.0 * per        # dloss/dx = 2 per pass
+        gy = applied * steps * -1.0 * per       # dloss/dy0 = -rank factor per pass
+        for k in range(n):
+            local = k < n_local
+            want_x = 0.5 * k + (gx / size if local else gx)
+            want_y0 = 1.0 + (gy * r / size if local else gy * mean_r)
+            np.testing.assert_allclose(xs[k].numpy(), [want_x], rtol=1e-6)
+            np.testing.assert_allclose(ys[k].numpy(), [want_y0, 3.0], rtol=1e-6)
+        assert opt.iterations.numpy() == i + 1, (i, opt.iterations.numpy())
+    assert opt._agg_helper.counter.numpy() == (2 * steps + 1) % steps
+
+
 def check_inf_gradient_is_cleared():
     steps = 2
     count = tf.Variable(0, trainable=False, dtype=tf.int32)
@@ -138,6 +191,8 @@ def check_fit_path_unchanged():
 
 CHECKS = [("aggregation_average", lambda: check_aggregation_in_tf_function(True)),
           ("aggregation_sum", lambda: check_aggregation_in_tf_function(False)),
+          ("local_vars_average", lambda: check_aggregation_with_local_vars(True)),
+          ("local_vars_sum", lambda: check_aggregation_with_local_vars(False)),
           ("inf_gradient", check_inf_gradient_is_cleared),
           ("sum_reduced_once", check_sum_is_reduced_once),
           ("partial_local_layers", check_partial_optimizer_local_layers),

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_compute_job.py")
-CHECKS = ["aggregation_average", "aggregation_sum", "inf_gradient", "sum_reduced_once",
+CHECKS = ["aggregation_average", "aggregation_sum", "local_vars_average", "local_vars_sum",
+          "inf_gradient", "sum_reduced_once",
           "partial_local_layers", "fit_path"]
 
 

@@ -144,9 +144,23 @@ class GradientReduction:
     # ------------------------------------------------------------ local variables
 
     def register_local_var(self, var: Any) -> None:
-        """Keeps ``var``'s gradient local (``DistributedOptimizer.register_local_var``)."""
+        """Keeps ``var``'s gradient local (``DistributedOptimizer.register_local_var``).
+
+        The variable itself is what is local (Horovod keys it by ``var.ref()``):
+        variables that merely share its name, such as several unnamed
+        ``tf.Variable``s, are still reduced.  Its ``layer/variable`` name is
+        kept too, for the optimizer's config (``model.save``)."""
         registered = self.__dict__.setdefault("_registered_keys", set())
         registered.add(_flavor.variable_key(var))
+        self.__dict__.setdefault("_registered_vars", {})[id(var)] = var
+
+    def is_local(self, var: Any) -> bool:
+        """Whether ``var``'s gradient stays local: a registered variable, or one
+        named by ``local_layers`` or by a loaded config's ``local_variables``."""
+        if id(var) in self.__dict__.get("_registered_vars", {}):
+            return True
+        names = self._layer_keys()
+        return bool(names) and _flavor.variable_key(var) in names
 
     def local_keys(self) -> set:
         """Names of the variables whose gradients are not reduced."""
@@ -176,12 +190,11 @@ class GradientReduction:
         scaled.  Every rank must call this with the same structure.
         """
         grads = list(grads)
-        local = self.local_keys()
         todo: List[int] = []
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            if local and variables is not None and _flavor.variable_key(variables[i]) in local:
+            if variables is not None and self.is_local(variables[i]):
                 # Horovod's scale_local_gradients (default True): divided by the
                 # size of the set the gradients are reduced over.
                 local_scale = scale / process_set_size(self.process_set) if self.__dict__.get(
