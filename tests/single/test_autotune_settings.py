@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from tfhvd.common import basics
-from tfhvd.common.exceptions import NotInitializedError
 from tfhvd.runner import build_mpirun_command, parse_args
 from tfhvd.runner.args import UsageError, settings_env
 
@@ -74,10 +73,21 @@ def test_both_names_parse(monkeypatch):
 
 
 def test_state_needs_init():
-    if basics.is_initialized():
-        pytest.skip("another test left tfhvd initialised in this process")
-    with pytest.raises(NotInitializedError):
-        basics.autotune_state()
+    """In a fresh process (another test of this session may have initialised
+    tfhvd in this one): before hvd.init(), the state is NotInitializedError."""
+    code = ("from tfhvd.common import basics\n"
+            "from tfhvd.common.exceptions import NotInitializedError\n"
+            "assert not basics.is_initialized()\n"
+            "try:\n"
+            "    basics.autotune_state()\n"
+            "except NotInitializedError as e:\n"
+            "    print('NOT-INITIALISED', e)\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "TFHVD_", "HOROVOD_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NOT-INITIALISED" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
 PROGRAM = r"""
