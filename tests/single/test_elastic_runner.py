@@ -9,6 +9,7 @@ import io
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -181,3 +182,24 @@ def test_the_driver_answers_only_its_workers():
             assert json.loads(resp.read()) == {"seq": 0, "update": 0}
     finally:
         service.stop()
+
+
+def test_waiting_for_slots_says_what_it_has_every_few_seconds(tmp_path, monkeypatch):
+    """The README's case: -np 4 from a script that offers localhost:2.  The
+    launcher names what it has, what it needs and the hosts while it waits,
+    then ends with the timeout error (no worker ever starts)."""
+    from tfhvd.runner.elastic import driver as elastic_driver
+
+    monkeypatch.setattr(elastic_driver, "WAIT_PROGRESS_INTERVAL_S", 0.5)
+    t0 = time.monotonic()
+    code, out, err, recs, job = run_job(tmp_path, ["localhost:2"], 4, {}, "--min-np", "2",
+                                        "--elastic-timeout", "3")
+    assert code == 1
+    assert time.monotonic() - t0 < 30
+    lines = [line for line in err.splitlines()
+             if "waiting for the 4 slots of -np: 2 of 4 usable" in line]
+    assert len(lines) >= 3, err
+    assert "(hosts from discovery: localhost:2)" in lines[0], lines[0]
+    assert "of --elastic-timeout 3 s" in lines[0], lines[0]
+    assert "timed out after 3 s (--elastic-timeout)" in err
+    assert not [r for r in recs if r["ev"] == "start"]

@@ -39,6 +39,8 @@ from tfhvd.runner.elastic.discovery import HostManager
 from tfhvd.runner.elastic.worker import HostUpdateResult
 
 DISCOVER_HOSTS_FREQUENCY_S = 1.0
+# How often a driver waiting for slots says what it has and what it waits for.
+WAIT_PROGRESS_INTERVAL_S = 5.0
 ELASTIC_TIMEOUT_S = 600.0
 RESET_LIMIT_MESSAGE = ("tfhvd elastic: the job was stopped because the number of resets "
                        "reached --reset-limit %d")
@@ -320,19 +322,33 @@ class ElasticDriver:
                 self._forming = False
 
     def _wait_for_members(self, need: int, survivors: List[str], what: str) -> List[str]:
-        deadline = self.clock() + self.timeout
+        start = self.clock()
+        deadline = start + self.timeout
+        next_progress = start + WAIT_PROGRESS_INTERVAL_S
         while True:
             members = assign_members(survivors, self.hosts.current_hosts(), self.retired,
                                      self.max_np)
             if len(members) >= need:
                 return members
-            left = deadline - self.clock()
+            now = self.clock()
+            if now >= next_progress and not self.done:
+                self.notice(self._progress(need, len(members), what, deadline - now))
+                next_progress = now + WAIT_PROGRESS_INTERVAL_S
+            left = deadline - now
             if left <= 0 or self.done:
                 raise ElasticJobFailed(
                     "tfhvd elastic: timed out after %g s (--elastic-timeout) waiting for %s; "
                     "%d usable (hosts %s)" % (self.timeout, what, len(members),
                                               self.hosts.current_hosts() or "none"))
             self.cond.wait(min(left, DISCOVER_HOSTS_FREQUENCY_S))
+
+    def _progress(self, need: int, have: int, what: str, left: float) -> str:
+        """The line a driver waiting for slots prints every few seconds."""
+        hosts = self.hosts.current_hosts()
+        listed = ", ".join("%s:%d" % h for h in hosts) if hosts else "none"
+        return ("waiting for %s: %d of %d usable (hosts from discovery: %s); "
+                "%.0f s left of --elastic-timeout %g s" % (what, have, need, listed,
+                                                           max(0.0, left), self.timeout))
 
     def _open_round(self, members: List[str], survivors: List[str]) -> None:
         prev = self.world
