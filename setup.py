@@ -12,14 +12,100 @@ TensorFlow release (tfhvd/common/library.py).
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
+from typing import Dict, List, Optional, Tuple
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+# The distributions that provide the ``tensorflow`` module, in the order a
+# requirement should name them when more than one is installed.
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly",
+                    "tf-nightly-cpu", "intel-tensorflow", "tensorflow-aarch64", "tensorflow-macos")
+# What tfhvd/ imports besides TensorFlow.  Keras is not listed: every supported
+# TensorFlow (2.16+) depends on Keras 3 itself (2.22 on keras-nightly), and a
+# requirement of ours would replace the one TensorFlow chose.
+BASE_REQUIREMENTS = ["numpy>=1.23", "cloudpickle>=2.0", "packaging>=20.0"]
+# Without an installed TensorFlow (an sdist made where there is none).
+TF_FALLBACK = "tensorflow>=2.16"
+ISOLATED_BUILD = """tfhvd: pip is building tfhvd in an isolated build environment, which holds no
+TensorFlow. tfhvd's library must be compiled against the TensorFlow it will run with, the one
+in the Python that runs pip. Install it with --no-build-isolation, e.g.
+
+    %s -m pip install --no-build-isolation <tfhvd checkout or sdist>
+
+(with TensorFlow, setuptools and wheel installed there first; see docs/install.md)."""
+
+
+def in_isolated_build() -> bool:
+    """Whether pip runs this file inside its isolated build environment
+    (``pip-build-env-*`` on the path), where the user's packages are hidden."""
+    paths = list(sys.path) + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return any("pip-build-env-" in p for p in paths)
+
+
+def installed_tensorflow() -> Optional[Tuple[str, str]]:
+    """(distribution name, version) of the TensorFlow in this Python, read
+    from its metadata without importing it; None when there is none."""
+    from importlib import metadata
+
+    names: List[str] = list(TF_DISTRIBUTIONS)
+    if hasattr(metadata, "packages_distributions"):  # Python 3.10+
+        names += [n for n in metadata.packages_distributions().get("tensorflow", [])
+                  if n not in names]
+    for name in names:
+        try:
+            return name, metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def release_range(version: str) -> Tuple[str, str]:
+    """The lower and upper bounds of ``version``'s release line: ``2.16.2`` ->
+    ("2.16", "2.17"); a pre-release keeps its own version as the lower bound
+    (``2.22.0rc0`` -> ("2.22.0rc0", "2.23")) so that pip accepts it."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        raise ValueError("cannot read a release from TensorFlow's version %r" % version)
+    major, minor = int(m.group(1)), int(m.group(2))
+    pre = re.search(r"(a|b|rc|dev)\d*", version[m.end():])
+    lower = version if pre else "%d.%d" % (major, minor)
+    return lower, "%d.%d" % (major, minor + 1)
+
+
+def requirements(tf: Optional[Tuple[str, str]]) -> Tuple[List[str], Dict[str, List[str]]]:
+    """install_requires and extras_require for the TensorFlow the library is
+    built against: that TensorFlow's release line, and tf-keras of the same
+    line, so that no extra can move TensorFlow (or, through it, numpy and
+    protobuf) away from what the library was compiled for."""
+    if tf is None:
+        tf_req, tf_keras = TF_FALLBACK, "tf-keras>=2.16"
+    else:
+        name, version = tf
+        lower, upper = release_range(version)
+        tf_req = "%s>=%s,<%s" % (name, lower, upper)
+        keras2 = "tf-keras-nightly" if name.startswith("tf-nightly") else "tf-keras"
+        tf_keras = "%s>=%s,<%s" % (keras2, lower, upper)
+    extras = {
+        # Keras 2 under TF_USE_LEGACY_KERAS=1 (tfhvd.tensorflow.keras on tf-keras).
+        "tf-keras": [tf_keras],
+        "mpi": ["mpi4py>=3.1"],
+        # What the scripts in examples/ import beyond the library.
+        "examples": ["scikit-learn>=1.3"],
+        # The test suite (tests/).
+        "test": ["pytest>=8.0", "mpi4py>=3.1", "scikit-learn>=1.3", tf_keras],
+        # The cluster-engine launchers tfhvd.ray and tfhvd.spark.
+        "ray": ["ray>=2.10"],
+        "spark": ["pyspark>=3.5"],
+    }
+    return [tf_req] + BASE_REQUIREMENTS, extras
 
 
 def gpu_cmake_args(tf) -> list:
@@ -111,8 +197,20 @@ class CMakeBuild(build_ext):
             shutil.copy2(built, target)
 
 
-# Name, version, dependencies, extras and scripts: pyproject.toml.
-setup(
-    ext_modules=[CMakeExtension("tfhvd.tfhvd_ops")],
-    cmdclass={"build_ext": CMakeBuild},
-)
+def main() -> None:
+    """Name, version and scripts: pyproject.toml; the dependencies follow the
+    installed TensorFlow (requirements())."""
+    tf = installed_tensorflow()
+    if tf is None and in_isolated_build():
+        sys.exit(ISOLATED_BUILD % sys.executable)
+    install_requires, extras_require = requirements(tf)
+    setup(
+        ext_modules=[CMakeExtension("tfhvd.tfhvd_ops")],
+        cmdclass={"build_ext": CMakeBuild},
+        install_requires=install_requires,
+        extras_require=extras_require,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -40,14 +40,18 @@ from tfhvd.runner.elastic.driver import topology, worker_id
 LOOPBACK = "127.0.0.1"
 
 
-def require_engine(module: str, extra: str, what: str) -> Any:
-    """Imports the engine ``module``, or raises an ImportError naming the
-    extra that installs it (``pip install tfhvd[extra]``)."""
+def require_engine(module: str, extra: str, what: str, requirement: str) -> Any:
+    """Imports the engine ``module``, or raises an ImportError that says how
+    to install it: the engine's own package (``requirement``, the range of
+    tfhvd's ``extra``), or the extra from a tfhvd checkout or sdist (tfhvd is
+    not on the package index, so ``pip install tfhvd[extra]`` would fail)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError("%s needs %s, which is not installed: pip install tfhvd[%s] "
-                          "(%s)" % (what, module, extra, e)) from e
+        raise ImportError(
+            "%s needs %s, which is not installed: pip install \"%s\" (or, from a tfhvd "
+            "checkout or sdist: pip install --no-build-isolation \"/path/to/tfhvd[%s]\") (%s)"
+            % (what, module, requirement, extra, e)) from e
 
 
 class WorkerError(RuntimeError):
