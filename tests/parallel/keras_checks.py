@@ -94,15 +94,20 @@ def run_equivalence(keras: Any, hvd: Any, make_opt: Callable[[], Any], passes: i
             "initials": initials, "model": model}
 
 
+def assert_ranks_identical(everyone: List[List[np.ndarray]]) -> None:
+    """Every rank's weights (``allgather_object`` of them) are bit-identical."""
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg="ranks ended with different weights")
+
+
 def assert_equivalent(result: Dict[str, Any], tol: float = 1e-5) -> None:
     """Ranks started differently, ended identical, and equal to the reference."""
     initials = result["initials"]
     assert len(initials) == 1 or any(
         not np.array_equal(a, b) for a, b in zip(initials[0], initials[1], strict=True)), \
         "ranks 0 and 1 started from the same weights; the test would prove nothing"
-    for other in result["everyone"][1:]:
-        for a, b in zip(result["everyone"][0], other, strict=True):
-            np.testing.assert_array_equal(a, b, err_msg="ranks ended with different weights")
+    assert_ranks_identical(result["everyone"])
     for d, ref in zip(result["dist"], result["ref"], strict=True):
         np.testing.assert_allclose(d, ref, rtol=tol, atol=tol,
                                    err_msg="distributed fit differs from single-process fit")

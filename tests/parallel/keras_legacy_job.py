@@ -71,14 +71,53 @@ def check_metric_average():
     kc.assert_metric_average(kc.run_metric_average(keras, hvd))
 
 
-def check_jit_compile():
+def _fit_jit(make_opt, jit, norm_layer=None):
+    r = hvd.rank()
+    x, y = kc.rank_data(hvd.size())
+    model = kc.build_model(keras, seed=100 + r, norm_layer=norm_layer)
+    model.compile(optimizer=hvd.DistributedOptimizer(make_opt()), loss=kc.LOSS, jit_compile=jit)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = kc.run_equivalence(keras, hvd, lambda: keras.optimizers.SGD(0.1),
-                                    compile_kwargs={"jit_compile": True})
-    kc.assert_equivalent(result)
-    assert not result["model"].jit_compile
-    assert any("XLA" in str(w.message) for w in caught)
+        model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    messages = [str(w.message) for w in caught if "tfhvd" in str(w.message)]
+    return model, [w.copy() for w in model.get_weights()], messages
+
+
+def _check_xla_equals_plain(make_opt, tol):
+    from tfhvd._keras import xla_split
+
+    model, xla, messages = _fit_jit(make_opt, True)
+    _, plain, _ = _fit_jit(make_opt, False)
+    everyone = hvd.allgather_object(xla, name="legacy_xla_weights")
+    step = xla_split.step_of(model)
+    assert step is not None and step.split is True and not messages, messages
+    assert step.compute._jit_compile and step.update._jit_compile
+    assert model.jit_compile, "jit_compile stays on (evaluate and predict keep XLA)"
+    kc.assert_ranks_identical(everyone)
+    for a, b in zip(xla, plain, strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def check_jit_compile():
+    """jit_compile=True: the step is split around the reduction; same weights as without."""
+    _check_xla_equals_plain(lambda: keras.optimizers.SGD(0.1, momentum=0.9), 1e-5)
+    _check_xla_equals_plain(lambda: keras.optimizers.legacy.Adam(0.01), 1e-5)
+
+
+def check_jit_compile_mixed_precision():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        _check_xla_equals_plain(lambda: keras.optimizers.SGD(0.1, momentum=0.9), 5e-3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def check_jit_compile_sync_batch_norm_off():
+    model, _, messages = _fit_jit(lambda: keras.optimizers.SGD(0.1), True,
+                                  norm_layer=lambda: hvd.SyncBatchNormalization())
+    assert not model.jit_compile
+    assert len(messages) == 1 and "SyncBatchNormalization" in messages[0], messages
 
 
 def check_sync_batch_norm():
@@ -161,7 +200,8 @@ def check_save_load():
 
 CHECKS = [check_flavour, check_sgd_momentum, check_adam_clipnorm, check_rmsprop_global_clipnorm,
           check_optimizer_v2, check_backward_passes_per_step_2, check_warmup,
-          check_metric_average, check_jit_compile, check_sync_batch_norm, check_mixed_precision,
+          check_metric_average, check_jit_compile, check_jit_compile_mixed_precision,
+          check_jit_compile_sync_batch_norm_off, check_sync_batch_norm, check_mixed_precision,
           check_subclassed_model_broadcast_fallback, check_save_load]
 
 

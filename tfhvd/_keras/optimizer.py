@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tfhvd._keras import async_modes
 from tfhvd._keras import flavor as _flavor
-from tfhvd._keras import patches
+from tfhvd._keras import patches, xla_split
 from tfhvd._keras.distributed import (  # noqa: F401  (reduction_of re-exported)
     DistributedOptimizerBase, is_distributed, reduction_of)
 from tfhvd._keras.reduction import GradientReduction, require_initialized
@@ -232,8 +232,9 @@ class _Keras3Distributed(_DistributedMixin):
         if steps > 1 and not reduction.average_aggregated_gradients \
                 and reduction.backward_passes_per_step > 1:
             scale = float(steps)  # Keras averaged the accumulated gradients; Horovod sums
-        grads = async_modes.reduce_gradients(reduction, grads, reduction.current_variables,
-                                             scale)
+        if not xla_split.pre_reduced(reduction):  # (an XLA step reduced them already)
+            grads = async_modes.reduce_gradients(reduction, grads, reduction.current_variables,
+                                                 scale)
         return super()._clip_gradients(grads)
 
 
@@ -286,8 +287,8 @@ class _LegacyDistributed(_DistributedMixin):
         from tfhvd._keras import legacy_compute
 
         pairs = list(grads_and_vars)
-        if self.__dict__.pop("_tfhvd_pre_reduced", False) or legacy_compute.pre_reduced(self,
-                                                                                       pairs):
+        if self.__dict__.pop("_tfhvd_pre_reduced", False) or legacy_compute.pre_reduced(
+                self, pairs) or xla_split.pre_reduced(self._tfhvd):
             return pairs
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]

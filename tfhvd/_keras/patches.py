@@ -1,14 +1,17 @@
 """The three places where tfhvd changes Keras's own classes, installed on first use.
 
-1. **XLA off for models that hold collectives.**  tfhvd's collectives are
+1. **XLA kept on around the collectives.**  tfhvd's collectives are
    asynchronous TensorFlow kernels without an XLA lowering, so a train step
-   compiled with XLA cannot contain them.  Keras 3 compiles ``fit`` with XLA by
-   default on a machine with a GPU (``jit_compile="auto"``).  ``make_train_function``
-   is wrapped: when the model's optimizer is a tfhvd ``DistributedOptimizer``
-   (or the model has a ``SyncBatchNormalization`` layer) and ``jit_compile`` is on,
-   it warns once per model and sets ``model.jit_compile = False`` before the
-   train function is built.  That attribute is the model's, so its ``evaluate``
-   and ``predict`` then run without XLA too.
+   compiled whole with XLA cannot contain them.  Keras 3 compiles ``fit`` with
+   XLA by default on a machine with a GPU (``jit_compile="auto"``).
+   ``make_train_function`` is wrapped: when ``jit_compile`` is on and the
+   model's optimizer is a tfhvd ``DistributedOptimizer``, the step is split
+   into an XLA-compiled forward/backward pass, the reduction, and an
+   XLA-compiled update (``xla_split.py``); ``evaluate`` and ``predict`` keep
+   XLA.  A step that cannot be split (a ``SyncBatchNormalization`` layer,
+   gradient accumulation, ``LocalSGD``, ``staleness=1``) warns once per model
+   and sets ``model.jit_compile = False`` before the train function is built,
+   so its ``evaluate`` and ``predict`` run without XLA too.
 2. **A collective finiteness check for Keras 3's ``LossScaleOptimizer``.**  A
    ``LossScaleOptimizer`` around a distributed optimizer (what ``compile`` makes
    under the ``mixed_float16`` policy) decides from the local gradients whether
@@ -35,7 +38,9 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
-from tfhvd._keras.distributed import is_distributed
+from tfhvd._keras import xla_split
+from tfhvd._keras.distributed import is_distributed, reduction_of
+from tfhvd._keras.xla_split import warn_xla_off
 
 _MARK = "_tfhvd_wrapped"
 _installed: set = set()
@@ -81,19 +86,24 @@ def model_uses_collectives(model: Any) -> bool:
     return any(getattr(layer, "_tfhvd_collective_layer", False) for layer in layers)
 
 
-def _warn_xla_off(model: Any) -> None:
-    warnings.warn("tfhvd: model '%s' holds tfhvd collectives, which XLA cannot compile; its "
-                  "train step runs with jit_compile=False" % getattr(model, "name", "?"),
-                  UserWarning, stacklevel=5)
+def _xla_off(model: Any, reason: str) -> None:
+    warn_xla_off(model, reason, stacklevel=6)
+    model.jit_compile = False  # (tf-keras's setter also drops the cached functions)
 
 
 def _make_train_function_keras3(original: Callable) -> Callable:
     def make_train_function(self, force=False):
-        if self.jit_compile and model_uses_collectives(self):
-            _warn_xla_off(self)
-            self.jit_compile = False
-            force = True
-        return original(self, force=force)
+        if not (self.jit_compile and model_uses_collectives(self)):
+            return original(self, force=force)
+        reason = xla_split.split_blocker(self)
+        if reason is not None:
+            _xla_off(self, reason)
+            return original(self, force=True)
+        if self.train_function is not None and not force:
+            return self.train_function
+        step = xla_split.new_step(self, _flavor.KERAS3)
+        with xla_split.Installed(self, step):  # Keras binds train_step and jit_compile now
+            return original(self, force=True)
 
     return make_train_function
 
@@ -120,11 +130,29 @@ def _compile_keras3(original: Callable) -> Callable:
 
 def _make_train_function_legacy(original: Callable) -> Callable:
     def make_train_function(self, force=False):
-        if getattr(self, "_jit_compile", False) and model_uses_collectives(self):
-            _warn_xla_off(self)
-            self.jit_compile = False  # the setter drops the cached functions
-            force = True
-        return original(self, force=force)
+        if not (getattr(self, "_jit_compile", False) and model_uses_collectives(self)):
+            return original(self, force=force)
+        reason = xla_split.split_blocker(self)
+        if reason is not None:
+            _xla_off(self, reason)
+            return original(self, force=True)
+        function = self.train_function
+        if function is not None and not force and getattr(function, _MARK, False):
+            return function
+        xla_split.clear(self)
+        step = xla_split.new_step(self, _flavor.LEGACY)
+        inner = original(self, force=True)
+
+        # tf-keras reads model.train_step and jit_compile when the function is
+        # traced, i.e. inside the call: the split is installed around each call.
+        @functools.wraps(inner)
+        def train_function(iterator):
+            with xla_split.Installed(self, step):
+                return inner(iterator)
+
+        setattr(train_function, _MARK, True)
+        self.train_function = train_function
+        return train_function
 
     return make_train_function
 
@@ -132,8 +160,9 @@ def _make_train_function_legacy(original: Callable) -> Callable:
 def _check_finite(original: Callable) -> Callable:
     def check_finite(self, grads):
         finite = original(self, grads)
-        if not is_distributed(self.inner_optimizer):
-            return finite
+        if not is_distributed(self.inner_optimizer) or xla_split.pre_reduced(
+                reduction_of(self.inner_optimizer)):
+            return finite  # (reduced gradients are the same on every rank)
         from tfhvd.common.process_sets import process_set_reduces
 
         if not process_set_reduces(None):  # one rank (an elastic job always agrees)

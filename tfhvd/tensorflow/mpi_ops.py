@@ -17,6 +17,7 @@ from tfhvd.common import basics, library
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import (_temp_process_set_object, process_set_rank,
                                        process_set_size)
+from tfhvd.tensorflow import xla
 from tfhvd.tensorflow.errors import InvalidArgumentValueError, NotInitializedOpError
 
 # Horovod's reduce-op values.
@@ -79,6 +80,8 @@ def _check_ready(tensors: Sequence[tf.Tensor], allowed: _DtypeSet, what: str,
     """Raises a clear error before an op is built with bad input; returns the set's id."""
     if not basics._initialized:
         raise NotInitializedOpError()
+    if (not tensors or type(tensors[0]) is not _EagerTensor) and not tf.executing_eagerly():
+        xla.check_not_compiled(what)  # a clear error inside tf.function(jit_compile=True)
     ps_id = 0
     if process_set is not None and process_set is not global_process_set:
         ps_id = check_process_set(process_set)

@@ -1,0 +1,301 @@
+"""XLA in distributed ``fit``: the train step split around the gradient reduction.
+
+XLA cannot compile tfhvd's collectives (they are asynchronous TensorFlow
+kernels without an XLA lowering).  When a model's optimizer is a tfhvd
+``DistributedOptimizer`` and ``jit_compile`` is on, ``fit``'s step is built
+from three parts instead of one compiled function:
+
+1. ``compute`` (``tf.function(jit_compile=True)``): the model's own
+   ``train_step`` (forward pass, loss, gradients, metrics), traced with the
+   optimizer's ``apply`` (Keras 3) or ``apply_gradients`` (tf-keras) replaced
+   by a stand-in that records the gradients and variables and updates
+   nothing.  The recorded gradients are returned from the compiled function.
+2. the reduction, outside XLA, in the step's ordinary ``tf.function``: the
+   optimizer's own ``GradientReduction.reduce`` (one fused grouped allreduce,
+   or the ``groups`` it was given; compression, Adasum, local variables and
+   process sets as usual).
+3. ``update`` (``tf.function(jit_compile=True)``): the recorded call of the
+   optimizer, replayed on the reduced gradients with the optimizer's own
+   reduction switched off (``pre_reduced``).  A ``LossScaleOptimizer`` then
+   decides on gradients that are equal on every rank, so its collective
+   finiteness check is skipped too.
+
+The only numerical difference from the non-XLA step is that a loss-scaled
+gradient is reduced before it is unscaled (by a power of two), and XLA's own
+rounding.
+
+Some steps cannot be split; they run without XLA, with a warning naming why:
+
+* a ``SyncBatchNormalization`` layer (its collective is inside the forward
+  pass, between the layers that XLA would compile);
+* gradient accumulation (``backward_passes_per_step`` > 1, Keras 3's
+  ``gradient_accumulation_steps``), ``staleness=1`` and ``LocalSGD``, whose
+  reductions happen inside the optimizer's update on only some steps;
+* a ``train_step`` that does not call the distributed optimizer exactly
+  once, or that runs a collective itself (found when the step is traced).
+
+``evaluate`` and ``predict`` hold no collectives and keep ``jit_compile``.
+"""
+
+import warnings
+from typing import Any, Callable, List, Optional, Tuple
+
+import tensorflow as tf
+
+from tfhvd._keras import flavor as _flavor
+from tfhvd._keras.distributed import reduction_of
+from tfhvd.tensorflow.xla import XlaCollectiveError, compiled_scope
+
+_PRE_REDUCED = "_tfhvd_xla_pre_reduced"
+_STEP_ATTR = "_tfhvd_xla_step"
+
+
+# ---------------------------------------------------------------- when to split
+
+def split_blocker(model: Any) -> Optional[str]:
+    """Why ``model``'s train step cannot be split around the reduction (None: it can)."""
+    try:
+        layers = model._flatten_layers(include_self=False)
+    except (AttributeError, TypeError):
+        layers = []
+    for layer in layers:
+        if getattr(layer, "_tfhvd_collective_layer", False):
+            return ("its layer '%s' (%s) reduces across ranks inside the forward pass"
+                    % (layer.name, type(layer).__name__))
+    optimizer = getattr(model, "optimizer", None)
+    reduction = reduction_of(optimizer)
+    if reduction is None:
+        return "its optimizer is not a tfhvd DistributedOptimizer"
+    inner = _flavor.inner_optimizer(optimizer)
+    if reduction.backward_passes_per_step > 1 or (
+            getattr(inner, "gradient_accumulation_steps", None) or 1) > 1:
+        return "it accumulates gradients (backward_passes_per_step > 1)"
+    if reduction.__dict__.get("local_sgd") is not None:
+        return "it trains with LocalSGD"
+    if reduction.__dict__.get("delayed") is not None:
+        return "it trains with staleness=1"
+    return None
+
+
+def warn_xla_off(model: Any, reason: str, stacklevel: int = 5) -> None:
+    """The warning for a train step that runs without XLA."""
+    warnings.warn("tfhvd: model '%s' holds tfhvd collectives that XLA cannot compile and %s; "
+                  "its train step runs with jit_compile=False"
+                  % (getattr(model, "name", "?"), reason), UserWarning, stacklevel=stacklevel)
+
+
+# ---------------------------------------------------------------- the optimizer's side
+
+def pre_reduced(reduction: Any) -> bool:
+    """Whether the optimizer is being traced inside ``update`` (its gradients are reduced)."""
+    return bool(reduction is not None and reduction.__dict__.get(_PRE_REDUCED))
+
+
+class _PreReduced:
+    def __init__(self, reduction: Any) -> None:
+        self._reduction = reduction
+
+    def __enter__(self) -> None:
+        d = self._reduction.__dict__
+        d[_PRE_REDUCED] = d.get(_PRE_REDUCED, 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._reduction.__dict__[_PRE_REDUCED] -= 1
+
+
+class _Capture:
+    """Replaces the optimizer's entry point on the instance while ``compute`` is traced:
+    each call records its gradients and variables and updates nothing."""
+
+    def __init__(self, optimizer: Any, attr: str) -> None:
+        self.optimizer = optimizer
+        self.attr = attr
+        self.calls: List[Tuple[List[Any], Any, tuple, dict]] = []
+
+    def _keras3_apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        self.calls.append((list(grads), trainable_variables, (), {}))
+
+    def _legacy_apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = list(grads_and_vars)
+        self.calls.append(([g for g, _ in pairs], [v for _, v in pairs], args, kwargs))
+        return self.optimizer.iterations
+
+    def __enter__(self) -> "_Capture":
+        stand_in = self._keras3_apply if self.attr == "apply" else self._legacy_apply_gradients
+        self._saved = self.optimizer.__dict__.get(self.attr, _MISSING)
+        object.__setattr__(self.optimizer, self.attr, stand_in)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is _MISSING:
+            object.__delattr__(self.optimizer, self.attr)
+        else:
+            object.__setattr__(self.optimizer, self.attr, self._saved)
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------- the split step
+
+class SplitTrainStep:
+    """``fit``'s step as compiled ``compute``, the reduction, compiled ``update``.
+
+    Built by ``make_train_function``; Keras calls it where it would call
+    ``train_step``, inside its (now uncompiled) step function.  ``compute`` and
+    ``update`` are ``tf.function(jit_compile=True)`` objects, kept as
+    attributes for inspection.  ``split`` is None until the first trace, then
+    True, or False when the step fell back to running without XLA.
+    """
+
+    def __init__(self, model: Any, train_step: Callable[[Any], Any], flavor: str) -> None:
+        self.model = model
+        self.train_step = train_step
+        self.flavor = flavor
+        self.split: Optional[bool] = None
+        self._capture: Optional[_Capture] = None
+        name = getattr(model, "name", "model")
+        self.compute = tf.function(self._compute, jit_compile=True, reduce_retracing=True,
+                                   autograph=False)
+        self.compute.__name__ = "%s_forward_backward" % name
+        self.update = tf.function(self._update, jit_compile=True, reduce_retracing=True,
+                                  autograph=False)
+        self._name = name
+
+    # The compiled parts -------------------------------------------------
+
+    def _compute(self, data: Any) -> Tuple[Any, List[Any]]:
+        optimizer = self.model.optimizer
+        attr = "apply" if self.flavor == _flavor.KERAS3 else "apply_gradients"
+        capture = _Capture(optimizer, attr)
+        with compiled_scope("%s_forward_backward" % self._name), capture, _minimize_scope(
+                optimizer, self.flavor):
+            logs = self.train_step(data)
+        self._capture = capture
+        grads = capture.calls[0][0] if len(capture.calls) == 1 else []
+        return logs, grads
+
+    def _update(self, grads: List[Any]) -> None:
+        _, variables, args, kwargs = self._capture.calls[0]
+        optimizer = self.model.optimizer
+        with compiled_scope("%s_update" % self._name), _PreReduced(
+                reduction_of(optimizer)):
+            if self.flavor == _flavor.KERAS3:
+                optimizer.apply(grads, variables)
+            else:
+                optimizer.apply_gradients(list(zip(grads, variables, strict=True)), *args,
+                                          **kwargs)
+
+    # The step -----------------------------------------------------------
+
+    def __call__(self, data: Any) -> Any:
+        if self.split is False or not self._trace_compute(data):
+            return self.train_step(data)
+        logs, grads = self.compute(data)
+        _, variables, _, kwargs = self._capture.calls[0]
+        grads = self._reduce(list(grads), variables, kwargs)
+        self.update(grads)
+        return logs
+
+    def _trace_compute(self, data: Any) -> bool:
+        try:
+            self.compute.get_concrete_function(data)
+        except XlaCollectiveError as e:
+            return self._fall_back("its train_step runs a collective itself (%s)"
+                                   % str(e).split(" is inside ")[0])
+        calls = len(self._capture.calls)
+        if calls != 1:
+            return self._fall_back("its train_step applies the optimizer %d times (the split "
+                                   "needs exactly one call)" % calls)
+        self.split = True
+        return True
+
+    def _fall_back(self, reason: str) -> bool:
+        if self.split is not False:
+            warn_xla_off(self.model, reason, stacklevel=2)
+        self.split = False
+        return False
+
+    def _reduce(self, grads: List[Any], variables: Any, kwargs: dict) -> List[Any]:
+        """The optimizer's reduction, outside XLA, of the gradients it would reduce."""
+        if kwargs.get("skip_gradients_aggregation") or kwargs.get(
+                "experimental_aggregate_gradients", True) is False:
+            return grads  # tf-keras callers that asked for no aggregation
+        reduction = reduction_of(self.model.optimizer)
+        if variables is None:
+            variables = list(_flavor.inner_optimizer(self.model.optimizer)._trainable_variables)
+        variables = list(variables)
+        # Keras 3 writes gradients of `overwrite_with_gradient` variables (float8
+        # scales) straight into them, unreduced.
+        todo = [i for i, (g, v) in enumerate(zip(grads, variables, strict=True))
+                if g is not None and not getattr(v, "overwrite_with_gradient", False)]
+        if not todo:
+            return grads
+        reduced = reduction.reduce([grads[i] for i in todo], [variables[i] for i in todo])
+        for i, r in zip(todo, reduced, strict=True):
+            grads[i] = r
+        return grads
+
+
+class _minimize_scope:
+    """tf-keras: marks the distributed optimizer as inside ``minimize`` while
+    ``compute`` is traced, so that its ``compute_gradients`` (which a
+    ``LossScaleOptimizer`` calls) returns local gradients (see legacy_compute)."""
+
+    def __init__(self, optimizer: Any, flavor: str) -> None:
+        self._scope = None
+        if flavor == _flavor.LEGACY:
+            from tfhvd._keras.legacy_compute import InMinimize
+
+            self._scope = InMinimize(_flavor.inner_optimizer(optimizer))
+
+    def __enter__(self) -> None:
+        if self._scope is not None:
+            self._scope.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._scope is not None:
+            self._scope.__exit__(*exc)
+
+
+# ---------------------------------------------------------------- installing it
+
+class Installed:
+    """While active: the model's ``train_step`` is ``step`` (an instance attribute)
+    and its ``_jit_compile`` reads False, so that Keras builds (Keras 3) or
+    traces (tf-keras) an uncompiled step function around the split step."""
+
+    def __init__(self, model: Any, step: SplitTrainStep) -> None:
+        self._model = model
+        self._step = step
+
+    def __enter__(self) -> None:
+        d = self._model.__dict__
+        self._saved_step = d.get("train_step", _MISSING)
+        self._saved_jit = d.get("_jit_compile", _MISSING)
+        object.__setattr__(self._model, "train_step", self._step)
+        object.__setattr__(self._model, "_jit_compile", False)
+
+    def __exit__(self, *exc: Any) -> None:
+        for attr, saved in (("train_step", self._saved_step), ("_jit_compile", self._saved_jit)):
+            if saved is _MISSING:
+                self._model.__dict__.pop(attr, None)
+            else:
+                object.__setattr__(self._model, attr, saved)
+
+
+def new_step(model: Any, flavor: str) -> SplitTrainStep:
+    """A split step around the model's current ``train_step``, kept on the model."""
+    step = SplitTrainStep(model, model.train_step, flavor)
+    object.__setattr__(model, _STEP_ATTR, step)
+    return step
+
+
+def step_of(model: Any) -> Optional[SplitTrainStep]:
+    """The split step ``fit`` uses for ``model``, or None (no split)."""
+    return model.__dict__.get(_STEP_ATTR)
+
+
+def clear(model: Any) -> None:
+    """Forgets the model's split step."""
+    model.__dict__.pop(_STEP_ATTR, None)
