@@ -115,12 +115,16 @@ test: setup skip-report-reset test-core test-single test-parallel test-parallel-
 	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
 
-# The docs: the MkDocs site in strict mode (any warning fails, the theme needs no network)
-# and every relative link and #anchor of README.md and docs/*.md.
-test-docs: $(DEPS_STAMP)
-	@echo "== docs: mkdocs build --strict, link check"
-	$(TIMEOUT) $(PY) -m mkdocs build --strict -q -d build/site
+# The docs: the MkDocs site in strict mode (any warning fails, the theme needs no network),
+# every relative link and #anchor of README.md and docs/*.md, and their commands.
+# Not -q: it hides the warnings from strict mode's count, so a broken anchor passed.
+# Then every command block of README.md and docs/*.md runs as written, or is
+# checked the way its docs-test marker says (scripts/check_doc_commands.py).
+test-docs: setup
+	@echo "== docs: mkdocs build --strict (any warning fails), links, every command"
+	$(TIMEOUT) $(PY) -m mkdocs build --strict -d build/site
 	$(PY) scripts/check_links.py
+	$(TIMEOUT) $(PY) scripts/check_doc_commands.py
 
 # The sdist installed the way docs/install.md says into a scratch venv that
 # holds only TensorFlow and a numpy other than our pin (build/install-check):
@@ -263,6 +267,10 @@ test-gpu-build: gpu-build
 	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -o $(GPU_BUILD_DIR)/kernel_emulation_test \
 	  tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
 	set -o pipefail; $(TIMEOUT) $(GPU_BUILD_DIR)/kernel_emulation_test | tail -n 3
+	$(CXX) -std=c++17 -O2 -Wall -o $(GPU_BUILD_DIR)/finalizer_test tests/gpu/finalizer_test.cc \
+	  tfhvd_ops/backends/nccl/finalizer.cc $(addprefix tfhvd_ops/core/,operations.cc adasum.cc \
+	  timeline.cc process_set.cc common.cc cpu_math.cc response_cache.cc message.cc) -lpthread
+	set -o pipefail; $(TIMEOUT) $(GPU_BUILD_DIR)/finalizer_test | tail -n 3
 	$(TIMEOUT) $(GPU_BUILD_DIR)/tfhvd_nccl_harness $(if $(filter 1,$(GPU_MACHINE)),--require-gpu,)
 	@# The GPU machine's script (MPI-free): exit 0 on a GPU machine; 3 (no GPU,
 	@# host checks passed) only where there is no GPU.
