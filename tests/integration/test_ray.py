@@ -58,11 +58,41 @@ def test_collectives_run_execute_and_shutdown():
         envs = ex.run(lambda: (os.environ["HOROVOD_RANK"], os.environ["TFHVD_TEST_ENGINE_VAR"],
                                os.environ["HOROVOD_CONTROLLER"]))
         assert envs == [("0", "from-driver", "gloo"), ("1", "from-driver", "gloo")]
+        # Horovod's worker interface (BaseHorovodWorker) on the executor's actors.
+        w = ex.workers[1]
+        assert ray.get(w.env_vars.remote())["HOROVOD_RANK"] == "1"
+        ray.get(w.update_env_vars.remote({"TFHVD_TEST_UPDATED": 7}))
+        assert ex.run(lambda: os.environ.get("TFHVD_TEST_UPDATED")) == [None, "7"]
+        assert ray.get(w.get_gpu_ids.remote()) == []
+        assert ray.get(w.hostname.remote()) == __import__("socket").gethostname()
     finally:
         ex.shutdown()
     assert jobs.wait_gone(pids) == [], "actors outlived shutdown()"
     with pytest.raises(RuntimeError, match="not started"):
         ex.run(jobs.collectives, args=["x"])
+
+
+def test_base_horovod_worker_subclassed_as_a_users_actor():
+    """Horovod's public BaseHorovodWorker: a user's subclass, made an actor."""
+    from tfhvd.ray import BaseHorovodWorker
+
+    class Greeter:
+        def __init__(self, greeting, name="x"):
+            self.text = "%s %s" % (greeting, name)
+
+    class MyWorker(BaseHorovodWorker):
+        def rank_and_size(self):
+            return os.environ["HOROVOD_RANK"], os.environ["HOROVOD_SIZE"]
+
+    actor = ray.remote(MyWorker).options(num_cpus=1).remote(world_rank=1, world_size=3)
+    try:
+        assert ray.get(actor.rank_and_size.remote()) == ("1", "3")
+        ray.get(actor.start_executable.remote(Greeter, ["hello"], {"name": "ray"}))
+        assert ray.get(actor.execute.remote(lambda g: g.text)) == "hello ray"
+        ray.get(actor.set_queue.remote(None))
+        assert ray.get(actor.env_vars.remote())["HOROVOD_HOSTNAME"]
+    finally:
+        ray.kill(actor)
 
 
 def test_bad_arguments():
@@ -83,8 +113,9 @@ def test_bad_arguments():
 
 def test_horovod_names_and_elastic_mode_arguments():
     s = RayExecutor.create_settings(timeout_s=60)
-    with pytest.raises(ValueError, match="excludes num_workers=2"):
+    with pytest.raises(ValueError, match="excludes num_workers=2") as e:
         RayExecutor(s, num_workers=2, min_workers=1)
+    assert str(e.value).startswith("Both `min_workers` and `num_workers` provided.")
     with pytest.raises(ValueError, match="needs a positive min_workers"):
         RayExecutor(s, max_workers=2)
     elastic = RayExecutor(s, min_workers=1, max_workers=2)

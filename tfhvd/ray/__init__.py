@@ -14,7 +14,9 @@ from tfhvd.runner.engines import WorkerError, require_engine
 
 require_engine("ray", "ray", "tfhvd.ray", "ray>=2.10")
 
+from tfhvd.ray.worker import BaseHorovodWorker  # noqa: E402
 from tfhvd.ray.runner import RayExecutor, RaySettings  # noqa: E402
 from tfhvd.ray.elastic import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
 
-__all__ = ["RayExecutor", "RaySettings", "ElasticRayExecutor", "RayHostDiscovery", "WorkerError"]
+__all__ = ["RayExecutor", "RaySettings", "BaseHorovodWorker", "ElasticRayExecutor",
+           "RayHostDiscovery", "WorkerError"]

@@ -56,6 +56,16 @@ class ElasticRaySettings:
     discovery: Optional[HostDiscovery] = None
 
 
+def node_alive(node: Dict[str, Any]) -> bool:
+    """Whether a ``ray.nodes()`` record is of a live node.  Ray's records carry
+    ``Alive`` (and, in recent releases, ``alive`` too); Horovod reads
+    ``alive``, and so do the records its tests mock: either is accepted."""
+    for key in ("Alive", "alive"):
+        if key in node:
+            return bool(node[key])
+    return str(node.get("State", node.get("state", ""))).upper() == "ALIVE"
+
+
 class RayHostDiscovery(HostDiscovery):
     """The cluster's alive nodes (by address) and how many slots each has:
     ``CPU // cpus_per_slot``, and with ``use_gpu`` at most ``GPU //
@@ -73,7 +83,7 @@ class RayHostDiscovery(HostDiscovery):
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
         for node in ray.nodes():
-            if not node.get("Alive"):
+            if not node_alive(node):
                 continue
             res = node.get("Resources", {})
             slots = int(res.get("CPU", 0) // self.cpus_per_slot) if self.cpus_per_slot else 0
@@ -237,8 +247,8 @@ class _ElasticRayJob:
 
     def _node_id(self, host: str) -> Optional[str]:
         for node in ray.nodes():
-            if node.get("Alive") and node.get("NodeManagerAddress") == host:
-                return node["NodeID"]
+            if node_alive(node) and node.get("NodeManagerAddress") == host:
+                return node.get("NodeID")
         return None
 
     def _spawn(self, wid: str, world: World) -> None:

@@ -43,6 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tfhvd.runner.engines import Bootstrap, WorkerError, call_as_rank, driver_endpoint, \
     engine_slots, rank_order, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.ray.worker import BaseHorovodWorker
 
 # After the first failure, how long other ranks' failures are awaited so that
 # a dead actor is named rather than the peers that lost it.
@@ -67,10 +68,13 @@ def _deprecated(old: str, new: str) -> None:
                   "it); use %s" % (old, new), DeprecationWarning, stacklevel=3)
 
 
-class BaseWorker:
-    """The actor class of one rank (made a Ray actor in :func:`_actor_class`)."""
+class BaseWorker(BaseHorovodWorker):
+    """The actor class of one rank (made a Ray actor in :func:`_actor_class`),
+    with Horovod's worker interface; its rank and job come from
+    :meth:`bootstrap`."""
 
-    def __init__(self) -> None:
+    def __init__(self, world_rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(world_rank, world_size)
         self.executable: Any = None
         self.rank: int = -1
 
@@ -82,12 +86,15 @@ class BaseWorker:
         self.rank = boot.slot.rank
         boot.apply(ray.util.get_node_ip_address())
 
-    def start_executable(self, cls: Optional[type], args: Sequence, kwargs: Dict) -> None:
-        if cls is not None:
-            self.executable = call_as_rank(self.rank, cls, args, kwargs)
+    def start_executable(self, executable_cls: Optional[type] = None,
+                         executable_args: Optional[Sequence] = None,
+                         executable_kwargs: Optional[Dict] = None) -> None:
+        if executable_cls is not None:
+            self.executable = call_as_rank(self.rank, executable_cls, executable_args or (),
+                                           executable_kwargs or {})
 
-    def execute(self, fn: Callable) -> Any:
-        return call_as_rank(self.rank, fn, (self.executable,))
+    def execute(self, func: Callable) -> Any:
+        return call_as_rank(self.rank, func, (self.executable,))
 
     def run(self, fn: Callable, args: Sequence, kwargs: Dict) -> Any:
         return call_as_rank(self.rank, fn, args, kwargs)
@@ -424,9 +431,10 @@ def _elastic_executor(settings: RaySettings, num_workers: Optional[int],
         raise ValueError("RayExecutor: an elastic job (max_workers=%r) needs a positive "
                          "min_workers, got %r" % (max_workers, min_workers))
     if num_workers is not None or num_hosts is not None:
-        raise ValueError("RayExecutor: min_workers=%d (elastic) excludes num_workers=%r and "
-                         "num_hosts=%r (fixed size); give one or the other"
-                         % (min_workers, num_workers, num_hosts))
+        both = "num_workers" if num_workers is not None else "num_hosts"
+        raise ValueError("Both `min_workers` and `%s` provided. RayExecutor: min_workers=%d "
+                         "(elastic) excludes num_workers=%r and num_hosts=%r (fixed size); "
+                         "give one or the other" % (both, min_workers, num_workers, num_hosts))
     if max_workers is not None and max_workers < min_workers:
         raise ValueError("RayExecutor: max_workers=%d is below min_workers=%d"
                          % (max_workers, min_workers))
