@@ -95,6 +95,22 @@ def test_bad_arguments():
         tfhvd.spark.run_elastic(jobs.collectives, args=("x",), num_proc=2, env=bad)
 
 
+def test_start_timeout_when_the_tasks_cannot_start(spark):
+    """More ranks than slots: Horovod's timeout error within start_timeout
+    (not after Spark's barrier-stage retries), no task left behind, and the
+    session still runs jobs."""
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start\.") as e:
+        tfhvd.spark.run(None, num_proc=4, start_timeout=5, verbose=0)
+    assert time.monotonic() - t0 < 30, time.monotonic() - t0
+    assert "0 of the 4 tasks started within start_timeout=5 s" in str(e.value)
+    tracker = spark.sparkContext.statusTracker()
+    jobs.wait_for(lambda: not [s for s in tracker.getActiveStageIds()
+                               if tracker.getStageInfo(s).numActiveTasks], timeout=30)
+    jobs.check_collectives(tfhvd.spark.run(jobs.collectives, args=("after",), num_proc=2),
+                           "after")
+
+
 def test_keras_fit_weights_equal_tfhvdrun():
     ref = jobs.reference_weights(epochs=2)
     res = tfhvd.spark.run(jobs.bench.train, kwargs={"epochs": 2}, num_proc=2)

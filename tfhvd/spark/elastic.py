@@ -335,6 +335,7 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
     from pyspark import SparkContext
 
     from tfhvd.spark.runner import check_executable
+    from tfhvd.spark.workers import prepare_workers
 
     sc = SparkContext.getOrCreate()
     check_executable(sc, executable, "run_elastic")
@@ -352,4 +353,5 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = N
                            prefix_output_with_timestamp)
     if verbose >= 2:
         print("tfhvd.spark: elastic job of %d..%d ranks, driver at %s" % (lo, hi, job.addr))
-    return job.run()
+    with prepare_workers(sc, "run_elastic"):
+        return job.run()

@@ -19,6 +19,8 @@
 import os
 import re
 import shutil
+import threading
+import time
 import uuid
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -29,8 +31,17 @@ from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank,
     engine_slots, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
 from tfhvd.spark.output import DriverOutput, RankOutput
+from tfhvd.spark.workers import prepare_workers
 
 _ERROR_SCOPE = "spark-errors"
+# Where each task says it started (scope + this suffix, key = rank).
+_STARTED = "-started"
+START_TIMEOUT_MESSAGE = (
+    "Timed out waiting for Spark tasks to start. Please check that you have enough resources "
+    "to run all tfhvd processes: each rank runs in a Spark task, and %d of the %d tasks "
+    "started within start_timeout=%d s (the context's defaultParallelism is %d). You may need "
+    "to increase the start_timeout parameter to a larger value if your Spark resources are "
+    "allocated on demand.")
 
 
 def _host(address: str) -> str:
@@ -53,6 +64,10 @@ def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
         driver_host = addr_of["driver"]
         local = all(h in (driver_host, LOOPBACK, "localhost") for h in hosts)
         addr = LOOPBACK if local else driver_host
+        try:  # the driver counts started tasks against start_timeout
+            kv_put(addr, port, scope + _STARTED, str(rank), b"1", timeout=10)
+        except OSError:
+            pass  # the rendezvous below then fails with its own error
         extra = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(start_timeout)}
         extra.update(env)
         Bootstrap(slots[rank], len(slots), addr, port, scope, extra,
@@ -103,7 +118,11 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     in rank order.  The parameters are Horovod 0.28.1's, in its positional order.
 
     ``start_timeout`` (default ``HOROVOD_SPARK_START_TIMEOUT`` or 600 s) bounds
-    the ranks' rendezvous.  ``env`` adds variables to every rank.  The job runs
+    the start of the Spark tasks (too few slots: a TimeoutError whose message
+    starts, as Horovod's does, "Timed out waiting for Spark tasks to start.")
+    and then the ranks' rendezvous.  Before any rank starts, the workers'
+    Python is checked (tfhvd.spark.workers): in local mode with
+    ``PYSPARK_PYTHON`` unset they run the driver's interpreter.  ``env`` adds variables to every rank.  The job runs
     over Gloo; ``use_mpi=True`` is refused (an MPI job needs mpirun to start
     its processes, and Spark starts them here), and ``extra_mpi_args`` is
     then meaningless and refused too.  ``stdout``/``stderr`` (default
@@ -153,14 +172,50 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     output = DriverOutput(server.store, scope, stdout, stderr,
                           prefix_output_with_timestamp).start()
     try:
-        rows = sc.parallelize(range(n), n).barrier().mapPartitions(job).collect()
-    except Exception as e:  # noqa: BLE001 - turned into a WorkerError by rank
-        raise _failure(e, server, n) from e
+        with prepare_workers(sc, "run"):
+            rdd = sc.parallelize(range(n), n).barrier().mapPartitions(job)
+            outcome: Dict[str, Any] = {}
+            collector = threading.Thread(target=_collect, args=(rdd, outcome),
+                                         name="tfhvd-spark-collect", daemon=True)
+            collector.start()
+            started = _wait_started(server, scope + _STARTED, n, timeout, collector)
+            if started < n:
+                sc.cancelJobGroup(group)
+                raise TimeoutError(START_TIMEOUT_MESSAGE % (started, n, timeout,
+                                                            sc.defaultParallelism))
+            collector.join()
+        if "error" in outcome:
+            raise _failure(outcome["error"], server, n) from outcome["error"]
     finally:
         output.close()
         server.stop()
-    results = dict(rows)
+    results = dict(outcome["rows"])
     return [cloudpickle.loads(results[r]) for r in range(n)]
+
+
+def _collect(rdd: Any, outcome: Dict[str, Any]) -> None:
+    """Runs the barrier stage (in a thread of the driver)."""
+    try:
+        outcome["rows"] = rdd.collect()
+    except Exception as e:  # noqa: BLE001 - the caller turns it into a WorkerError
+        outcome["error"] = e
+
+
+def _wait_started(server: RendezvousServer, scope: str, n: int, timeout: float,
+                  collector: threading.Thread) -> int:
+    """How many of the ``n`` tasks said they started before ``timeout``
+    (or before the stage ended): a long-poll on the rendezvous store, woken by
+    each task's key, at most once a second otherwise."""
+    deadline = time.monotonic() + timeout
+    for rank in range(n):
+        while server.store.get(scope, str(rank), wait_s=0.0) is None:
+            left = deadline - time.monotonic()
+            if not collector.is_alive():
+                return n  # the stage ended (done or failed): nothing left to wait for
+            if left <= 0:
+                return len(server.store.items(scope))
+            server.store.get(scope, str(rank), wait_s=min(left, 1.0))
+    return n
 
 
 def check_executable(sc: Any, executable: Optional[str], what: str) -> None:
