@@ -217,7 +217,8 @@ test-integration: setup
 	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/integration \
 	  --ignore=tests/integration/test_elastic.py \
 	  --ignore=tests/integration/test_elastic_programs.py \
-	  --ignore=tests/integration/test_ray.py --ignore=tests/integration/test_spark.py
+	  --ignore=tests/integration/test_ray.py --ignore=tests/integration/test_spark.py \
+	  --ignore=tests/integration/test_spark_env.py
 
 # Elastic jobs over Gloo on loopback "hosts" (127.0.0.x): hosts added and
 # removed, SIGKILL, raise, all failing, --min-np timeout, reset limit,
@@ -239,7 +240,7 @@ test-elastic: setup
 test-engines: setup
 	@echo "== Ray and Spark launchers on local engines"
 	timeout --signal=KILL 900 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider \
-	  tests/integration/test_ray.py tests/integration/test_spark.py
+	  tests/integration/test_ray.py tests/integration/test_spark.py tests/integration/test_spark_env.py
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)
