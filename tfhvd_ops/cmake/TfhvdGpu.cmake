@@ -58,6 +58,7 @@ set(TFHVD_GPU_RPATH "${_cudart_dir};${_nccl_dir};$ORIGIN/../nvidia/nccl/lib;$ORI
 set(TFHVD_NCCL_SOURCES
   ${TFHVD_DEVICE_IMAGES}
   ${TFHVD_OPS_DIR}/cuda/device_kernels.cc
+  ${TFHVD_OPS_DIR}/backends/nccl/finalizer.cc
   ${TFHVD_OPS_DIR}/backends/nccl/gpu_events.cc
   ${TFHVD_OPS_DIR}/backends/nccl/nccl_backend.cc
   ${TFHVD_OPS_DIR}/backends/nccl/nccl_collectives.cc)

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,12 @@ class Collectives {
   // handed back; transports that finish each call before returning have
   // nothing to do.
   virtual Status Synchronize() { return Status::OK(); }
+  // Calls `done` with Synchronize()'s result once everything issued so far
+  // has finished.  A device transport calls it later, from a thread of its
+  // own (backends/nccl/finalizer.h), in the order of the calls, so the
+  // runtime's loop goes on negotiating and launching meanwhile; the default
+  // waits here.
+  virtual void Complete(std::function<void(const Status&)> done) { done(Synchronize()); }
 };
 
 // Host-memory implementation of the memory operations, shared by every

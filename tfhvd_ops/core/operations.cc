@@ -45,6 +45,44 @@ Collectives* Executor::CollectivesFor(ProcessSet& set, int device) {
   return backend_->SubsetDeviceCollectives(set.id, set.host.get(), set.rank, set.size(), device);
 }
 
+namespace {
+
+// What completes a response once its transport finished it: the timeline
+// rows, the error message with the tensor's name, the callbacks.  Owns the
+// entries (and so the tensors) until then.
+struct Completion {
+  Timeline* timeline = nullptr;
+  int32_t set_id = 0;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string first_name;
+  bool rows = false;  // timeline rows were started
+  Status launched;    // the executor's own result (the transport's comes later)
+  std::vector<std::unique_ptr<TensorTableEntry>> entries;
+  std::shared_ptr<Executor::InFlight> in_flight;  // counted in, while pending
+
+  void Finish(const Status& transport) {
+    Status st = launched.ok() ? transport : launched;
+    for (size_t i = 0; i < entries.size() && rows && timeline->enabled(); ++i) {
+      if (entries[i]) timeline->End(TimelineName(set_id, entries[i]->name));
+    }
+    if (!st.ok() && st.message().find(first_name) == std::string::npos &&
+        st.code() == StatusCode::kInternal) {
+      st = Status::Internal("tfhvd: " + std::string(CollectiveName(type)) + " of tensor '" +
+                            first_name + "' failed: " + st.message());
+    }
+    for (auto& e : entries) {
+      if (e && e->callback) e->callback(st);
+    }
+    entries.clear();
+    if (in_flight) {
+      std::lock_guard<std::mutex> l(in_flight->mu);
+      if (--in_flight->n == 0) in_flight->cv.notify_all();
+    }
+  }
+};
+
+}  // namespace
+
 void Executor::Execute(const Response& r,
                        std::vector<std::unique_ptr<TensorTableEntry>>& entries,
                        ProcessSet& set) {
@@ -57,80 +95,92 @@ void Executor::Execute(const Response& r,
       // Ranks that disagree: Horovod's PRECONDITION_ERROR.
       default: st = Status::FailedPrecondition(r.error); break;
     }
+    for (auto& e : entries) {
+      if (e && e->callback) e->callback(st);
+    }
+    return;
+  }
+  const CollectiveParams& p = r.params;
+  // Ranks agree on the memory kind; the GPU ordinal is each rank's own.
+  int device = p.device;
+  bool mine = false;
+  for (const auto& e : entries) {
+    if (e) {
+      device = e->params.device;
+      mine = true;
+      break;
+    }
+  }
+  // A joined rank has no tensor here: it works on its own GPU.
+  if (!mine && device >= 0) device = kOwnDevice;
+  Collectives* c = CollectivesFor(set, device);
+  bool launched = false;
+  if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
+    st = Status::FailedPrecondition(
+        "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
+        " but this build has no GPU collectives; rebuild with TFHVD_GPU_OPERATIONS=NCCL "
+        "or place the tensor on the CPU");
+  } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kReducescatter) {
+    st = Status::InvalidArgument("tfhvd: tensor '" + r.names[0] +
+                                 "': reducescatter does not support Adasum; use Average or Sum");
+  } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kAllreduce &&
+             !(st = CheckAdasum(r.names[0], p.dtype, device, set.size())).ok()) {
+    // (Every rank of the set finds this alone, before moving any bytes.)
   } else {
-    const CollectiveParams& p = r.params;
-    // Ranks agree on the memory kind; the GPU ordinal is each rank's own.
-    int device = p.device;
-    bool mine = false;
+    launched = true;
+    // (Row names are built only when the timeline records: every tensor
+    // of every round passes here.)
+    for (size_t i = 0; i < entries.size() && timeline_->enabled(); ++i) {
+      if (entries[i]) {
+        timeline_->Start(TimelineName(set.id, r.names[i]), CollectiveName(p.type),
+                         entries[i]->input ? entries[i]->input->size_bytes() : 0);
+      }
+    }
     for (const auto& e : entries) {
-      if (e) {
-        device = e->params.device;
-        mine = true;
-        break;
-      }
+      if (!e || c == nullptr || !st.ok()) continue;
+      st = AwaitTensor(c, e->input.get());
+      if (st.ok()) st = AwaitTensor(c, e->output.get());
     }
-    // A joined rank has no tensor here: it works on its own GPU.
-    if (!mine && device >= 0) device = kOwnDevice;
-    Collectives* c = CollectivesFor(set, device);
-    if (c == nullptr && p.type != CollectiveType::kJoin && p.type != CollectiveType::kBarrier) {
-      st = Status::FailedPrecondition(
-          "tfhvd: tensor '" + r.names[0] + "' is on GPU " + std::to_string(device) +
-          " but this build has no GPU collectives; rebuild with TFHVD_GPU_OPERATIONS=NCCL "
-          "or place the tensor on the CPU");
-    } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kReducescatter) {
-      st = Status::InvalidArgument("tfhvd: tensor '" + r.names[0] +
-                                   "': reducescatter does not support Adasum; use Average or Sum");
-    } else if (p.reduce_op == ReduceOp::kAdasum && p.type == CollectiveType::kAllreduce &&
-               !(st = CheckAdasum(r.names[0], p.dtype, device, set.size())).ok()) {
-      // (Every rank of the set finds this alone, before moving any bytes.)
-    } else {
-      // (Row names are built only when the timeline records: every tensor
-      // of every round passes here.)
-      for (size_t i = 0; i < entries.size() && timeline_->enabled(); ++i) {
-        if (entries[i]) {
-          timeline_->Start(TimelineName(set.id, r.names[i]), CollectiveName(p.type),
-                           entries[i]->input ? entries[i]->input->size_bytes() : 0);
-        }
+    if (st.ok()) {
+      switch (p.type) {
+        case CollectiveType::kAllreduce: st = Allreduce(r, entries, c, set); break;
+        case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
+        case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c, set); break;
+        case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c, set); break;
+        case CollectiveType::kReducescatter: st = Reducescatter(r, *entries[0], c, set); break;
+        case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
+        case CollectiveType::kBarrier: break;  // negotiation already synchronised
+        default:  // process-set changes are the runtime's (Runtime::ChangeSet)
+          st = Status::Internal("tfhvd: internal error: executor got a process-set change");
       }
-      for (const auto& e : entries) {
-        if (!e || c == nullptr || !st.ok()) continue;
-        st = AwaitTensor(c, e->input.get());
-        if (st.ok()) st = AwaitTensor(c, e->output.get());
-      }
-      if (st.ok()) {
-        switch (p.type) {
-          case CollectiveType::kAllreduce: st = Allreduce(r, entries, c, set); break;
-          case CollectiveType::kAllgather: st = Allgather(r, *entries[0], c); break;
-          case CollectiveType::kBroadcast: st = Broadcast(r, *entries[0], c, set); break;
-          case CollectiveType::kAlltoall: st = Alltoall(r, *entries[0], c, set); break;
-          case CollectiveType::kReducescatter:
-            st = Reducescatter(r, *entries[0], c, set);
-            break;
-          case CollectiveType::kJoin: st = Join(r, *entries[0]); break;
-          case CollectiveType::kBarrier: break;  // negotiation already synchronised
-          default:  // process-set changes are the runtime's (Runtime::ChangeSet)
-            st = Status::Internal("tfhvd: internal error: executor got a process-set change");
-        }
-      }
-      // Outputs must be complete before the callbacks hand them back.
-      if (c != nullptr) {
-        Status sync = c->Synchronize();
-        if (st.ok()) st = sync;
-      }
-      for (size_t i = 0; i < entries.size() && timeline_->enabled(); ++i) {
-        if (entries[i]) timeline_->End(TimelineName(set.id, r.names[i]));
-      }
-    }
-    if (!st.ok() && st.message().find(r.names[0]) == std::string::npos) {
-      st = Status(st.code() == StatusCode::kInternal
-                      ? Status::Internal("tfhvd: " + std::string(CollectiveName(p.type)) +
-                                         " of tensor '" + r.names[0] + "' failed: " + st.message())
-                      : st);
     }
   }
-  for (auto& e : entries) {
-    if (e && e->callback) e->callback(st);
+  auto done = std::make_shared<Completion>();
+  done->timeline = timeline_;
+  done->set_id = set.id;
+  done->type = p.type;
+  done->first_name = r.names[0];
+  done->launched = st;
+  done->entries = std::move(entries);  // (the caller's vector is left empty)
+  done->rows = launched;
+  // Outputs must be complete before the callbacks hand them back: the
+  // transport calls back once its work has finished (a device transport
+  // from its finalizer, while this thread goes on with the next response).
+  if (c == nullptr || !launched) {
+    done->Finish(Status::OK());
+  } else {
+    done->in_flight = in_flight_;
+    {
+      std::lock_guard<std::mutex> l(in_flight_->mu);
+      ++in_flight_->n;
+    }
+    c->Complete([done](const Status& sync) { done->Finish(sync); });
   }
+}
+
+void Executor::Drain() {
+  std::unique_lock<std::mutex> l(in_flight_->mu);
+  in_flight_->cv.wait(l, [this] { return in_flight_->n == 0; });
 }
 
 Status Executor::Allreduce(const Response& r,

@@ -11,8 +11,10 @@
 // output.  Copies and scaling go through the Collectives too, so this file
 // works unchanged for host and device memory.  Device transports work
 // asynchronously: the executor hands them each tensor's ready event before
-// they touch it (Collectives::WaitFor) and calls Collectives::Synchronize
-// before any callback, so a completed op's outputs are complete.
+// they touch it (Collectives::WaitFor) and hand the callbacks to
+// Collectives::Complete, which calls back once the work has finished (from
+// the transport's finalizer thread), so a completed op's outputs are
+// complete and the caller goes on with the next response meanwhile.
 #ifndef TFHVD_CORE_OPERATIONS_H_
 #define TFHVD_CORE_OPERATIONS_H_
 
@@ -41,8 +43,19 @@ class Executor {
   // has joined (it then contributes zeros).  Calls every entry's callback.
   // `set` is the response's process set, of which this rank is a member; its
   // collectives move the bytes, and ranks are its own (0 .. set.size()-1).
+  // The entries' callbacks may come later, from the transport's thread
+  // (Collectives::Complete); `entries` is left empty.
   void Execute(const Response& r, std::vector<std::unique_ptr<TensorTableEntry>>& entries,
                ProcessSet& set);
+  // Returns once every response handed to a transport has called back.
+  void Drain();
+
+  // Responses whose transport has not called back yet.
+  struct InFlight {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t n = 0;
+  };
 
  private:
   // The transport of `set` for tensors on `device` (-1: host).
@@ -72,6 +85,7 @@ class Executor {
   Timeline* timeline_;
   bool in_phase_ = false;
   AdasumReducer adasum_;
+  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 // Runs one process set's responses on a thread of its own, in the order they

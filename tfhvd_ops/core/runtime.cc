@@ -219,6 +219,9 @@ bool Runtime::Shutdown() {
   WakeBackground();
   if (thread_.joinable()) thread_.join();
   StopWorkers();
+  // GPU work still in flight calls back from its finalizer; the callbacks
+  // use the timeline.  (Peers given up on: the job is ending anyway.)
+  if (!abandoned_) executor_.Drain();
   timeline_.Stop();
   return !abandoned_;
 }

@@ -73,10 +73,18 @@ class GpuOp : public Op {
   absl::Status Prepare(OpKernelContext* ctx, int i, core::TensorTableEntry* e) override {
     TF_RETURN_IF_ERROR(Op::Prepare(ctx, i, e));
     if (ctx->input_memory_type(i) == HOST_MEMORY) return absl::OkStatus();
-    GpuStream s;
-    TF_RETURN_IF_ERROR(OpStream(ctx, &s));
-    std::shared_ptr<core::ReadyEvent> ev;
-    TF_RETURN_IF_ERROR(ToTF(core::RecordReadyEvent(s.device, s.stream, &ev)));
+    // One ready event per op: a grouped op's entries (prepared in order,
+    // from i == 0, on this thread) share the one recorded for its first.
+    thread_local OpKernelContext* last_ctx = nullptr;
+    thread_local GpuStream s;
+    thread_local std::shared_ptr<core::ReadyEvent> ev;
+    if (i == 0 || ctx != last_ctx || !ev) {
+      last_ctx = nullptr;
+      ev.reset();
+      TF_RETURN_IF_ERROR(OpStream(ctx, &s));
+      TF_RETURN_IF_ERROR(ToTF(core::RecordReadyEvent(s.device, s.stream, &ev)));
+      last_ctx = ctx;
+    }
     e->params.device = s.device;
     static_cast<TFTensor*>(e->input.get())->set_ready_event(ev);
     if (e->output) static_cast<TFTensor*>(e->output.get())->set_ready_event(ev);

@@ -70,9 +70,13 @@ class CudaReadyEvent : public ReadyEvent {
 }  // namespace
 
 Status RecordReadyEvent(int device, void* stream, std::shared_ptr<ReadyEvent>* out) {
+  // A framework thread usually is on the tensor's device already: then no
+  // cudaSetDevice/restore pair.
   int previous = -1;
   cudaGetDevice(&previous);
-  Status st = CudaStatus(cudaSetDevice(device), "cudaSetDevice", -1, device);
+  Status st = previous == device
+                  ? Status::OK()
+                  : CudaStatus(cudaSetDevice(device), "cudaSetDevice", -1, device);
   cudaEvent_t e = nullptr;
   if (st.ok()) st = EventPool::Get().Take(device, &e);
   if (st.ok()) {

@@ -16,6 +16,22 @@ constexpr int kInitMessageBytes = 512;
 // Plain copies of at least this many bytes go through cudaMemcpyAsync; the
 // smaller ones are batched into one kernel launch.
 constexpr int64_t kMemcpyBytes = 1 << 20;
+// How long the finalizer spins on a completion event before it sleeps in
+// cudaEventSynchronize: past this the wake-up's few microseconds are noise.
+constexpr std::chrono::microseconds kSpinWait(1000);
+
+// The finalizer's wait for a response's event: a spin (with yields) while a
+// short collective is likely to end, then the driver's blocking wait.  Uses
+// nothing of the collectives object (a finalizer left behind outlives it).
+cudaError_t AwaitEvent(cudaEvent_t e) {
+  const auto until = std::chrono::steady_clock::now() + kSpinWait;
+  cudaError_t q;
+  while ((q = cudaEventQuery(e)) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() > until) return cudaEventSynchronize(e);
+    std::this_thread::yield();
+  }
+  return q;
+}
 
 // NCCL's element type for a reduction; null when NCCL cannot reduce it.
 bool NcclType(DataType dt, ncclDataType_t* t) {
@@ -75,12 +91,25 @@ NcclCollectives::~NcclCollectives() {
   int previous = -1;
   cudaGetDevice(&previous);
   cudaSetDevice(device_);
+  // What is in flight completes first (the finalizer's watchdog keeps its
+  // deadline).  After a failure a wait may never end: what is pending fails
+  // now, and the stuck thread, the stream and the buffers it may still use
+  // are left behind.
+  bool stuck = false;
+  if (finalizer_ != nullptr) {
+    if (is_broken_ && finalizer_->Pending() > 0) {
+      stuck = true;
+      finalizer_->FailPending(Sticky());
+      finalizer_->Abandon();
+    }
+    finalizer_->Stop();  // (its watchdog may still call Watch meanwhile)
+  }
   // A clean shutdown: drain the stream, then ncclCommFinalize and
   // ncclCommDestroy, under the deadline (both wait for the peers).  After a
   // failure the communicators are left alone: destroying one that a lost
   // peer still shares can hang.
-  if (broken_.ok() && stream_ != nullptr) WaitStream("draining the GPU stream at shutdown");
-  if (broken_.ok()) {
+  if (!is_broken_ && stream_ != nullptr) WaitStream("draining the GPU stream at shutdown");
+  if (!is_broken_) {
     WithDeadline("finalizing the NCCL communicators", [this] {
       for (ncclComm_t* c : {&comm_, &local_comm_}) {
         if (*c == nullptr) continue;
@@ -92,10 +121,13 @@ NcclCollectives::~NcclCollectives() {
       }
     });
   }
-  if (fusion_ != nullptr) cudaFree(fusion_);
-  if (scratch_ != nullptr) cudaFree(scratch_);
-  if (host_buf_ != nullptr) cudaFreeHost(host_buf_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (!stuck) {
+    if (fusion_ != nullptr) cudaFree(fusion_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (host_buf_ != nullptr) cudaFreeHost(host_buf_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
@@ -109,8 +141,16 @@ Status NcclCollectives::Nccl(ncclResult_t r, const char* what, ncclComm_t comm) 
   return Broken(NcclStatus(r, what, topo_.rank, device_, comm));
 }
 
+Status NcclCollectives::Sticky() const {
+  if (!is_broken_) return Status::OK();
+  std::lock_guard<std::mutex> l(broken_mu_);
+  return broken_;
+}
+
 Status NcclCollectives::Broken(const Status& st) {
-  if (!broken_.ok()) return broken_;
+  // The loop, the finalizer and its watchdog may all get here.
+  std::lock_guard<std::mutex> l(broken_mu_);
+  if (is_broken_) return broken_;
   // The peers may already wait inside a collective this rank will not
   // join, and ncclCommAbort/ncclCommDestroy are collective within a node,
   // so neither is safe here: the job ends through the host transport's
@@ -128,6 +168,7 @@ Status NcclCollectives::Broken(const Status& st) {
   const std::string msg = st.message() + "; GPU collectives cannot run again in this job";
   broken_ = st.code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
                                                       : Status::Aborted(msg);
+  is_broken_ = true;
   return broken_;
 }
 
@@ -157,8 +198,13 @@ void NcclCollectives::WithDeadline(const char* what, const std::function<void()>
 }
 
 Status NcclCollectives::EnsureDevice() {
-  if (!broken_.ok()) return broken_;
-  if (device_ >= 0) return Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (is_broken_) return Sticky();
+  if (device_ >= 0) {
+    // (The loop thread keeps its device: a call per response, not per entry.)
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device_) return Status::OK();
+    return Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  }
   if (requested_ < 0) {
     return Status::Internal("tfhvd: internal error: a GPU collective without a GPU");
   }
@@ -177,6 +223,10 @@ Status NcclCollectives::EnsureDevice() {
   TFHVD_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, highest),
                              "cudaStreamCreateWithPriority"));
   device_ = want;
+  Finalizer::Options fo;
+  fo.on_start = [want] { cudaSetDevice(want); };
+  fo.watch = [this](Finalizer::Clock::duration oldest) { Watch(oldest); };
+  finalizer_ = std::make_unique<Finalizer>(std::move(fo));
   Status st = kernels_.Load(device_);
   return st.ok() ? st : Broken(st);
 }
@@ -226,6 +276,7 @@ Status NcclCollectives::BeginCollective() {
   TFHVD_RETURN_IF_ERROR(EnsureDevice());
   if (comm_ == nullptr) {
     TFHVD_RETURN_IF_ERROR(InitComm(peers_.host, topo_.size, topo_.rank, &comm_, "all ranks"));
+    watched_[0] = comm_;
   }
   return Flush();
 }
@@ -246,9 +297,9 @@ Status NcclCollectives::WaitStream(const char* what) {
   std::chrono::microseconds nap(20);
   while (true) {
     cudaError_t q = cudaStreamQuery(stream_);
-    if (q == cudaSuccess) return broken_;
+    if (q == cudaSuccess) return Sticky();
     if (q != cudaErrorNotReady) return Broken(CudaStatus(q, what, topo_.rank, device_));
-    for (ncclComm_t c : {comm_, local_comm_}) {
+    for (ncclComm_t c : {watched_[0].load(), watched_[1].load()}) {
       if (c == nullptr) continue;
       ncclResult_t async = ncclSuccess;
       ncclResult_t r = ncclCommGetAsyncError(c, &async);
@@ -276,13 +327,95 @@ Status NcclCollectives::WaitStream(const char* what) {
 }
 
 Status NcclCollectives::Synchronize() {
-  if (device_ < 0 || stream_ == nullptr) return broken_;
+  if (device_ < 0 || stream_ == nullptr) return Sticky();
   // Even after an error, the stream is drained before the executor hands
   // outputs back: queued work may still write them.
-  Status st = broken_.ok() ? EnsureDevice() : Cuda(cudaSetDevice(device_), "cudaSetDevice");
-  if (st.ok() && broken_.ok()) st = Flush();
+  Status st = !is_broken_ ? EnsureDevice() : Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.ok() && !is_broken_) st = Flush();
   Status drained = WaitStream("a GPU collective");
-  return !broken_.ok() ? broken_ : (st.ok() ? drained : st);
+  return is_broken_ ? Sticky() : (st.ok() ? drained : st);
+}
+
+Status NcclCollectives::TakeEvent(cudaEvent_t* out) {
+  {
+    std::lock_guard<std::mutex> l(events_mu_);
+    if (!events_.empty()) {
+      *out = events_.back();
+      events_.pop_back();
+      return Status::OK();
+    }
+  }
+  // Blocking sync: the finalizer's cudaEventSynchronize sleeps instead of
+  // spinning through a long collective.
+  return Cuda(cudaEventCreateWithFlags(out, cudaEventDisableTiming | cudaEventBlockingSync),
+              "cudaEventCreate");
+}
+
+void NcclCollectives::GiveEvent(cudaEvent_t e) {
+  std::lock_guard<std::mutex> l(events_mu_);
+  events_.push_back(e);
+}
+
+void NcclCollectives::Complete(std::function<void(const Status&)> done) {
+  waited_ = nullptr;
+  if (device_ < 0 || stream_ == nullptr || finalizer_ == nullptr) {
+    done(Sticky());  // nothing was ever queued here
+    return;
+  }
+  Status st = !is_broken_ ? EnsureDevice() : Cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.ok() && !is_broken_) st = Flush();
+  cudaEvent_t ev = nullptr;
+  if (st.ok() && !is_broken_) st = TakeEvent(&ev);
+  if (ev != nullptr) {
+    Status rec = Cuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    if (!rec.ok()) {
+      GiveEvent(ev);
+      ev = nullptr;
+      st = rec;
+    }
+  }
+  const int rank = topo_.rank, device = device_;
+  if (ev != nullptr) {
+    // The usual path: one event per response.
+    finalizer_->Push(
+        [ev, rank, device] {
+          return CudaStatus(AwaitEvent(ev), "a GPU collective", rank, device);
+        },
+        [this, ev, done](const Status& waited) {
+          GiveEvent(ev);
+          done(waited.ok() ? Sticky() : Broken(waited));
+        });
+    return;
+  }
+  // After a failure: still in order, after the stream drained (the
+  // watchdog's deadline bounds a stream that never does).
+  cudaStream_t stream = stream_;
+  finalizer_->Push([stream] { cudaStreamSynchronize(stream); return Status::OK(); },
+                   [this, st, done](const Status&) {
+                     done(is_broken_ ? Sticky() : st);
+                   });
+}
+
+void NcclCollectives::Watch(Finalizer::Clock::duration oldest) {
+  for (int i = 0; i < 2; ++i) {
+    ncclComm_t c = watched_[i];
+    if (c == nullptr) continue;
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(c, &async);
+    if (r == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      // With peers this ends the job; alone, what is pending fails.
+      finalizer_->FailPending(Broken(NcclStatus(async, "a GPU collective", topo_.rank, device_, c)));
+      return;
+    }
+  }
+  if (oldest > std::chrono::duration<double>(timeout_s_)) {
+    finalizer_->FailPending(Broken(Status::Aborted(
+        "tfhvd: rank " + std::to_string(topo_.rank) + " (GPU " + std::to_string(device_) +
+        "): a GPU collective did not finish within " +
+        std::to_string(static_cast<int>(timeout_s_)) +
+        " s (TFHVD_NCCL_TIMEOUT; the stall-shutdown time when set): a peer is gone, stuck, or "
+        "never joined the collective")));
+  }
 }
 
 Status NcclCollectives::WaitFor(const ReadyEvent& event) {
@@ -294,7 +427,11 @@ Status NcclCollectives::WaitFor(const ReadyEvent& event) {
         "; tfhvd uses one GPU per process: make one GPU visible to each process "
         "(tf.config.set_visible_devices(gpus[hvd.local_rank()], 'GPU'))"));
   }
+  // A grouped op's entries share one event: one wait is enough (they all
+  // hold it until the response completes, so it is not recorded again).
+  if (event.handle() == waited_) return Status::OK();
   TFHVD_RETURN_IF_ERROR(Flush());
+  waited_ = event.handle();
   return Cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event.handle()), 0),
               "cudaStreamWaitEvent");
 }
@@ -417,6 +554,7 @@ Status NcclCollectives::HierarchicalAllreduce(const void* send, void* recv, int6
   if (local_comm_ == nullptr) {
     TFHVD_RETURN_IF_ERROR(InitComm(peers_.local, topo_.local_size, topo_.local_rank,
                                    &local_comm_, "this node's ranks"));
+    watched_[1] = local_comm_;
   }
   const int64_t esize = DataTypeSize(dtype);
   const int64_t chunk = count / topo_.local_size;

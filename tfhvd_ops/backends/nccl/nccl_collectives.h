@@ -4,12 +4,20 @@
 // the same order on every rank (the executor runs the agreed responses), so
 // every lazy collective step below happens at the same point on all ranks.
 //
-// Ordering: everything runs on one CUDA stream owned here.  WaitFor() makes
-// the stream wait on a framework's ready event before the tensor is touched;
-// Synchronize() blocks until the stream drained, so the executor's callbacks
-// hand back complete outputs.  Copies into and out of the fusion buffer are
-// queued and launched as one batched kernel (cuda/gpu_kernels.h) just before
-// the next stream operation.
+// Ordering: everything runs on one CUDA stream owned here (one per process
+// set and GPU).  WaitFor() makes the stream wait on a framework's ready event
+// before the tensor is touched (once per event: a grouped op's entries share
+// one).  Complete() records one event after a response's work and hands the
+// wait for it to the finalizer (finalizer.h), which calls the executor back
+// once the outputs are complete, in the order of the responses, while the
+// loop negotiates and launches the next ones: their work queues behind on
+// the same stream.  The finalizer spins on the event for up to kSpinWait
+// (a small collective ends within microseconds), then sleeps in
+// cudaEventSynchronize (a blocking-sync event): no sleep-polling, and an
+// idle runtime has its threads asleep.  Synchronize() still blocks on the
+// caller's thread (benchmarks, shutdown).  Copies into and out of the fusion
+// buffer are queued and launched as one batched kernel (cuda/gpu_kernels.h)
+// just before the next stream operation.
 //
 // Communicators: the global one is created by the first collective.  Init
 // steps (all over the host collectives, so a failure on one rank is reported
@@ -23,15 +31,17 @@
 //
 // Errors: every CUDA and NCCL result is checked and carries the library's
 // message, the rank and the GPU.  Every wait for the stream has a deadline
-// (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 600 s) and polls
-// ncclCommGetAsyncError.  A failure that only this rank sees (a lost peer,
+// (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 600 s) and
+// watches ncclCommGetAsyncError (the finalizer's watchdog, every 50 ms while
+// work is in flight; WaitStream on the loop's own few waits).  A failure that only this rank sees (a lost peer,
 // a timeout, a GPU mismatch, out of memory, a launch error) ends the job
 // through the host transport's abort (MPI_Abort) with a message naming the
 // rank and the error: the peers may be waiting inside a collective this rank
 // will never join, and ncclCommAbort/ncclCommDestroy are collective within a
 // node, so the communicator is not touched on that path.  A one-rank job
-// keeps the error as a sticky value instead.  Even after an error the stream
-// is drained before outputs are handed back.  A clean shutdown drains the
+// keeps the error as a sticky value instead (and fails what is in flight
+// past the deadline).  Even after an error the stream is drained before
+// outputs are handed back, deadline permitting.  A clean shutdown drains the
 // stream, then calls ncclCommFinalize and ncclCommDestroy under the deadline.
 //
 // Hierarchical allreduce (Horovod's NCCLHierarchicalAllreduce): reduce-
@@ -46,12 +56,16 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "../../core/backend.h"
 #include "../../cuda/device_kernels.h"
+#include "finalizer.h"
 
 namespace tfhvd {
 
@@ -97,6 +111,7 @@ class NcclCollectives : public Collectives {
                          double post) override;
   Status WaitFor(const ReadyEvent& event) override;
   Status Synchronize() override;
+  void Complete(std::function<void(const Status&)> done) override;
 
   // For tests and benchmarks: the raw stream and communicator.
   cudaStream_t stream() const { return stream_; }
@@ -119,6 +134,12 @@ class NcclCollectives : public Collectives {
   // alike): with peers, ends the job (they may wait for this rank inside a
   // collective); alone, makes the failure sticky.
   Status Broken(const Status& st);
+  // The sticky failure, or OK; any thread.
+  Status Sticky() const;
+  // The finalizer's watchdog: NCCL's asynchronous errors and the deadline.
+  void Watch(Finalizer::Clock::duration oldest);
+  Status TakeEvent(cudaEvent_t* out);  // a blocking-sync event from events_
+  void GiveEvent(cudaEvent_t e);
   Status HierarchicalAllreduce(const void* send, void* recv, int64_t count, DataType dtype,
                                ncclDataType_t t, ncclRedOp_t o);
 
@@ -131,7 +152,15 @@ class NcclCollectives : public Collectives {
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   ncclComm_t local_comm_ = nullptr;
+  mutable std::mutex broken_mu_;
   Status broken_;                     // once set, every call fails with it
+  std::atomic<bool> is_broken_{false};
+  // The communicators the watchdog may read while the loop makes them.
+  std::atomic<ncclComm_t> watched_[2] = {{nullptr}, {nullptr}};
+  const void* waited_ = nullptr;      // the last event WaitFor queued, this response
+  std::mutex events_mu_;
+  std::vector<cudaEvent_t> events_;   // completion events, reused
+  std::unique_ptr<Finalizer> finalizer_;  // made with the stream
   void* fusion_ = nullptr;
   int64_t fusion_bytes_ = 0;
   void* host_buf_ = nullptr;          // pinned staging for the cross-node step
