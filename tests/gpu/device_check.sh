@@ -20,8 +20,11 @@
 # (negotiation, fusion buffer, the embedded copy/scale kernels loaded with the
 # driver API, ready events, NCCL): uneven allgather, alltoall with real
 # splits, reducescatter, broadcast from both roots, flat and hierarchical
-# allreduce, the mixed CPU/GPU error; then the tables: allreduce against the
-# raw ncclAllReduce at 2 ranks, copy/scale kernels against cudaMemcpy at 1.
+# allreduce, the mixed CPU/GPU error, the loop launching the next response
+# while one is in flight; then the tables at 1 and 2 ranks: allreduce in
+# microseconds per call against the raw ncclAllReduce (waited and
+# pipelined), a training step's gradients (ResNet-50, BERT-base) against raw
+# NCCL, and (1 rank) the copy/scale kernels against cudaMemcpyAsync.
 #
 # Output: the log in $OUT (when set, e.g. by a device runner) or the build
 # folder; the last line is "N passed, M failed" (checks counted per rank).
@@ -92,7 +95,7 @@ if ! timeout 300 python3 "$OPS/cuda/build_device_code.py" --compiler nvcc --tool
 fi
 SOURCES=("$OPS"/core/*.cc "$OPS"/backends/nccl/*.cc "$OPS"/backends/tcp/*.cc
          "$OPS/cuda/device_kernels.cc" "$BUILD/device_images.cc"
-         "$ROOT"/tests/gpu/{nccl_harness,harness_checks,harness_bench,socket_backend}.cc)
+         "$ROOT"/tests/gpu/{nccl_harness,harness_checks,harness_bench,harness_step,socket_backend}.cc)
 CXX="${CXX:-g++}"
 say "== compiling ${#SOURCES[@]} files with $CXX in $BUILD"
 rm -f "$BUILD"/obj/*.o
@@ -102,8 +105,14 @@ compile_all() {
   printf '%s\n' "${SOURCES[@]}" | timeout 400 xargs -P "$(nproc)" -I{} sh -c \
     'o="$BUILD/obj/$(echo "{}" | md5sum | cut -c1-12).o"; '"$CXX $flags"' -c "{}" -o "$o" || { echo "FAILED: {}"; exit 255; }'
 }
+# libcrypto where the core signs its rendezvous with it (core/auth.cc).
+extra_libs=()
+if grep -qs "openssl/" "$OPS"/core/*.cc "$OPS"/core/*.h "$OPS"/backends/tcp/*; then
+  extra_libs+=(-lcrypto)
+fi
 link() {
   "$CXX" -o "$BUILD/tfhvd_nccl_harness" "$BUILD"/obj/*.o "$CUDART" "$NCCL_LIB" -ldl -lpthread \
+    ${extra_libs[@]+"${extra_libs[@]}"} \
     -Wl,-rpath,"$(dirname "$CUDART")" -Wl,-rpath,"$(dirname "$NCCL_LIB")"
 }
 if ! compile_all 2>&1 | tee -a "$LOG" || ! link 2>&1 | tee -a "$LOG"; then
@@ -182,10 +191,23 @@ if [ "$gpu" = 0 ]; then
   exit 1
 fi
 
-say "== 1 rank: every check, then the copy/scale kernels"
-one_rank rank1 --require-gpu --bench-copy --iters "$ITERS"
+say "== the finalizer and the executor's hand-over, on the host (tests/gpu/finalizer_test.cc)"
+if "$CXX" -std=c++17 -O2 -o "$BUILD/finalizer_test" "$ROOT/tests/gpu/finalizer_test.cc" \
+    "$OPS/backends/nccl/finalizer.cc" "$OPS"/core/{operations,adasum,timeline,process_set,common,cpu_math,response_cache,message}.cc \
+    -lpthread 2>&1 | tee -a "$LOG"; then
+  timeout -k 5 60 "$BUILD/finalizer_test" >"$BUILD/finalizer.out" 2>&1
+  rc=$?
+  tee -a "$LOG" <"$BUILD/finalizer.out"
+  count "$BUILD/finalizer.out" "$rc"
+else
+  say "FAIL: finalizer_test did not build"
+  failed=$((failed + 1))
+fi
+
+say "== 1 rank: every check, the allreduce and training-step tables, the copy/scale kernels"
+one_rank rank1 --require-gpu --bench --bench-step --bench-copy --iters "$ITERS"
 say "== 2 ranks on GPU 0 (NCCL_HOSTID per rank, P2P and SHM off, loopback sockets)"
-two_ranks rank2 --require-gpu --bench --iters "$ITERS"
+two_ranks rank2 --require-gpu --bench --bench-step --iters "$ITERS"
 
 say "== device check finished in $(( $(date +%s) - start )) s; log: $LOG"
 say "$passed passed, $failed failed"

@@ -7,12 +7,16 @@
 #define TFHVD_TESTS_GPU_HARNESS_H_
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "../../tfhvd_ops/core/backend.h"
 #include "../../tfhvd_ops/core/common.h"
 
 namespace harness {
@@ -74,6 +78,22 @@ struct Op {
 Op MakeOp(const std::string& name, core::CollectiveType type, std::shared_ptr<Buffer> input);
 // Enqueues the ops as one group and waits for every callback.
 core::Status Run(std::vector<Op*> ops);
+// Enqueues the ops as one group and returns; `done` is called once per op,
+// from the runtime's threads.  Sets each op's status before calling it.
+core::Status Submit(std::vector<Op*> ops, std::function<void(Op*)> done);
+// Counts callbacks: Wait(n) returns once n have arrived, or false after
+// `timeout_s`.
+class Countdown {
+ public:
+  void Add();
+  bool Wait(int n, double timeout_s = 600);
+  int count();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_ = 0;
+};
 // The output after Run: the preallocated one, or the first allocated.
 std::shared_ptr<core::Tensor> Output(const Op& op, int index = 0);
 std::vector<double> ReadTensor(const core::Tensor& t);
@@ -91,10 +111,25 @@ struct Env {
 using Check = std::function<std::string(const Env&)>;
 // gpu == false: the checks that also make sense on host tensors (--host).
 void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks);
-// harness_bench.cc: allreduce bandwidth against raw ncclAllReduce, and the
-// copy/scale kernels against cudaMemcpy.
+// harness_bench.cc: allreduce microseconds per call against raw
+// ncclAllReduce (each call waited for, and pipelined), and the copy/scale
+// kernels against cudaMemcpyAsync.
 void Bench(const Env& env, int iters);
 void BenchCopy(const Env& env, int iters);
+// A raw NCCL communicator over the same ranks and GPU as the runtime (its
+// id travels over the runtime's host collectives), with a stream of its own:
+// what the tables compare with.  `host` lines the ranks up (Barrier).
+struct RawNccl {
+  explicit RawNccl(const Env& env);
+  ~RawNccl();
+  bool ok = false;
+  core::Collectives* host = nullptr;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+// harness_step.cc: one training step's gradients (ResNet-50, BERT-base)
+// through the runtime against raw NCCL.
+void BenchStep(const Env& env, int iters);
 
 }  // namespace harness
 

@@ -1,6 +1,10 @@
 // The harness's checks: every op on device tensors, through the real runtime.
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "../../tfhvd_ops/backends/nccl/gpu_events.h"
 #include "../../tfhvd_ops/core/backend.h"
@@ -224,6 +228,84 @@ std::string Ordering(const Env& env) {
   return why;
 }
 
+// The loop launches the next response while one is in flight.  GPU
+// allreduce A's input is not produced yet: its ready event waits on the
+// "framework" stream behind a host function that blocks until released.  A
+// GPU allreduce B (float64: a response of its own) and a host allreduce C
+// agreed after A must not wait for A on the loop: C completes, B is launched
+// behind A on the NCCL stream, A and B stay pending.  Once released, A then
+// B complete (a set's GPU callbacks in response order), A with the right
+// values.  A loop that waits for the device (the old WaitStream) never
+// runs C until A ends: this check fails after its 20 s wait.
+std::string InFlight(const Env& env) {
+  // (The hierarchical allreduce across nodes stages through host memory:
+  // it waits for its stream on the loop by design.)
+  if (env.hierarchical && env.size > 1) return "";
+  // Everything allocated first: allocation synchronises the device, which
+  // would wait for the blocked stream.
+  auto a_in = Filled(DataType::kFloat32, {1027}, env.device, env.rank);
+  auto b_in = Filled(DataType::kFloat64, {515}, env.device, env.rank);
+  auto c_in = Filled(DataType::kFloat32, {33}, -1, env.rank);
+  Op a = MakeOp("inflight.a", CollectiveType::kAllreduce, a_in);
+  Op b = MakeOp("inflight.b", CollectiveType::kAllreduce, b_in);
+  Op c = MakeOp("inflight.c", CollectiveType::kAllreduce, c_in);
+  cudaStream_t fw;
+  cudaStreamCreateWithFlags(&fw, cudaStreamNonBlocking);
+  static std::atomic<int> gate;
+  gate = 0;
+  cudaLaunchHostFunc(
+      fw,
+      [](void*) {
+        while (gate.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      },
+      nullptr);
+  std::shared_ptr<core::ReadyEvent> ev;
+  std::string why = Failed(core::RecordReadyEvent(env.device, fw, &ev));
+  std::mutex mu;
+  std::vector<std::string> order;
+  Countdown gpu_done, host_done;
+  auto note = [&](Op* o) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      order.push_back(o->name + (o->status.ok() ? "" : ": " + o->status.message()));
+    }
+    (o == &c ? host_done : gpu_done).Add();
+  };
+  bool host_ran = false;
+  int gpu_early = 0;
+  if (why.empty()) {
+    a_in->set_ready_event(ev);
+    why = Failed(Submit({&a}, note));
+    if (why.empty()) why = Failed(Submit({&b}, note));
+    // A and B are agreed (and launched) before C is asked for.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (why.empty()) why = Failed(Submit({&c}, note));
+    if (why.empty()) {
+      host_ran = host_done.Wait(1, 20);
+      gpu_early = gpu_done.count();
+    }
+  }
+  gate = 1;
+  cudaStreamSynchronize(fw);
+  if (why.empty() && !gpu_done.Wait(2, 60)) why = "the GPU allreduces did not complete";
+  if (why.empty() && !host_done.Wait(1, 60)) why = "the host allreduce did not complete";
+  cudaStreamDestroy(fw);
+  if (!why.empty()) return why;
+  std::string got;
+  for (const std::string& s : order) got += (got.empty() ? "" : ", ") + s;
+  if (!host_ran) {
+    return "a host allreduce agreed after a GPU allreduce in flight waited for it (the loop "
+           "blocks on the device); callbacks: " + got;
+  }
+  if (gpu_early != 0) return "a GPU allreduce completed before its input was ready: " + got;
+  if (got != "inflight.c, inflight.a, inflight.b") return "callback order: " + got;
+  std::vector<double> want(1027);
+  for (int64_t i = 0; i < 1027; ++i) {
+    for (int r = 0; r < env.size; ++r) want[i] += Value(r, i);
+  }
+  return Compare(ReadTensor(*Output(a)), want);
+}
+
 std::string Empty(const Env& env) {
   Op a = MakeOp("allreduce.empty", CollectiveType::kAllreduce,
                 Filled(DataType::kFloat32, {0}, env.device, env.rank));
@@ -274,6 +356,7 @@ void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks) {
   checks->emplace_back("empty tensors", Empty);
   if (!gpu) return;  // the rest is about device tensors only
   checks->emplace_back("ready event orders the collective after the producer", Ordering);
+  checks->emplace_back("the loop launches the next response while one is in flight", InFlight);
   checks->emplace_back("int16 allreduce is a clear error", UnsupportedDtype);
   checks->emplace_back("mixed CPU and GPU tensors across ranks is a clear error", Mixed);
 }

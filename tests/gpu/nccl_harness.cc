@@ -1,6 +1,7 @@
 // tfhvd_nccl_harness: checks tfhvd's NCCL backend without TensorFlow.
 //
-//   tfhvd_nccl_harness [--bench] [--bench-copy] [--iters N] [--require-gpu] [--host]
+//   tfhvd_nccl_harness [--bench] [--bench-copy] [--bench-step] [--iters N] [--require-gpu]
+//                      [--host]
 //   mpirun -np <GPUs> tfhvd_nccl_harness            (the MPI build, CMake)
 //   TFHVD_HARNESS_RANK=r TFHVD_HARNESS_SIZE=n ...   (the socket build of
 //                                                    tests/gpu/device_check.sh)
@@ -10,14 +11,16 @@
 // and loads.  On a machine with one (/dev/nvidiactl), finding no CUDA device
 // is a failure, never a skip.  Each check runs twice: with the flat
 // allreduce and with TFHVD_HIERARCHICAL_ALLREDUCE=1.  --bench: the
-// allreduce bandwidth table; --bench-copy: the copy/scale kernels against
-// cudaMemcpy.  --host: the same runtime and transports on host tensors, no
+// allreduce tables (microseconds per call, waited and pipelined, against raw
+// NCCL); --bench-copy: the copy/scale kernels against cudaMemcpyAsync;
+// --bench-step: a training step's gradients (harness_step.cc).  --host: the same runtime and transports on host tensors, no
 // GPU needed (a CPU machine checks the harness's own plumbing so).  The last
 // line is "N passed, N failed".
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <string>
@@ -200,6 +203,40 @@ core::Status Run(std::vector<Op*> ops) {
   return first;
 }
 
+core::Status Submit(std::vector<Op*> ops, std::function<void(Op*)> done) {
+  std::vector<core::TensorTableEntry> entries;
+  for (Op* op : ops) {
+    core::TensorTableEntry e;
+    e.name = op->name;
+    e.params = op->params;
+    e.input = op->input;
+    e.output = op->output;
+    e.context = op->context;
+    e.callback = [op, done](const core::Status& st) {
+      op->status = st;
+      done(op);
+    };
+    entries.push_back(std::move(e));
+  }
+  return core::EnqueueEntries(std::move(entries));
+}
+
+void Countdown::Add() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++n_;
+  cv_.notify_all();
+}
+
+bool Countdown::Wait(int n, double timeout_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return n_ >= n; });
+}
+
+int Countdown::count() {
+  std::lock_guard<std::mutex> l(mu_);
+  return n_;
+}
+
 std::shared_ptr<core::Tensor> Output(const Op& op, int index) {
   if (op.output && index == 0) return op.output;
   // Allocation order: allgather/reducescatter allocate output 0; alltoall
@@ -233,11 +270,12 @@ bool Init(bool hierarchical, harness::Env* env) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
-  bool bench = false, bench_copy = false, require_gpu = false, host = false;
+  bool bench = false, bench_copy = false, bench_step = false, require_gpu = false, host = false;
   int iters = 20;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bench")) bench = true;
     if (!std::strcmp(argv[i], "--bench-copy")) bench_copy = true;
+    if (!std::strcmp(argv[i], "--bench-step")) bench_step = true;
     if (!std::strcmp(argv[i], "--require-gpu")) require_gpu = true;
     if (!std::strcmp(argv[i], "--host")) host = true;
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
@@ -278,6 +316,7 @@ int main(int argc, char** argv) {
       (why.empty() ? passed : failed)++;
     }
     if (bench && !hierarchical) harness::Bench(env, iters);
+    if (bench_step && !hierarchical) harness::BenchStep(env, iters);
     if (bench_copy && !hierarchical && env.rank == 0) harness::BenchCopy(env, iters);
     tfhvd_shutdown();
   }
