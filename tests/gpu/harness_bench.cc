@@ -103,7 +103,10 @@ void Bench(const Env& env, int iters) {
   for (int64_t bytes : {4LL << 10, 16LL << 10, 64LL << 10, 256LL << 10, 1LL << 20, 4LL << 20,
                         16LL << 20, 64LL << 20, 256LL << 20}) {
     const int64_t n = bytes / 4;
-    const int k = bytes <= (1 << 20) ? 10 * iters : (bytes <= (16 << 20) ? 2 * iters : iters);
+    const int k = bytes <= (1 << 20)    ? 10 * iters
+                  : bytes <= (16 << 20) ? 2 * iters
+                  : bytes <= (64 << 20) ? iters
+                                        : std::max(5, iters / 2);
     auto send = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
     auto recv = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
     if (send->data() == nullptr || recv->data() == nullptr) {
