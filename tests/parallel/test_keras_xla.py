@@ -213,3 +213,32 @@ def test_unsplittable_custom_train_step_falls_back_with_a_warning():
     assert any("2 times" in m for m in pair["xla"]["warnings"]), pair["xla"]["warnings"]
     for a, b in zip(pair["xla"]["weights"], pair["plain"]["weights"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+class OwnCollective(keras.Sequential):
+    """A custom train step that averages its loss over ranks itself: the step
+    cannot be compiled around that collective, so it runs without XLA."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply(grads, self.trainable_weights)
+        return {"loss": hvd.allreduce(loss, name="own_loss")}
+
+
+def test_custom_train_step_with_its_own_collective_falls_back_with_a_warning():
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return OwnCollective([keras.Input((kc.FEATURES,)),
+                              keras.layers.Dense(kc.CLASSES, activation="softmax")])
+
+    pair = _run_pair(OPTIMIZERS["sgd_momentum"], build=build, epochs=1)
+    step = xla_split.step_of(pair["xla"]["model"])
+    assert step is not None and step.split is False
+    assert any("runs a collective itself" in m for m in pair["xla"]["warnings"]), \
+        pair["xla"]["warnings"]
+    kc.assert_ranks_identical(pair["everyone"])
+    for a, b in zip(pair["xla"]["weights"], pair["plain"]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

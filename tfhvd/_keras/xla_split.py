@@ -44,7 +44,8 @@ import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.distributed import reduction_of
-from tfhvd.tensorflow.xla import XlaCollectiveError, compiled_scope
+from tfhvd._keras.reduction import safe_op_name
+from tfhvd.tensorflow.xla import XlaCollectiveError
 
 _PRE_REDUCED = "_tfhvd_xla_pre_reduced"
 _STEP_ATTR = "_tfhvd_xla_step"
@@ -154,13 +155,11 @@ class SplitTrainStep:
         self.flavor = flavor
         self.split: Optional[bool] = None
         self._capture: Optional[_Capture] = None
-        name = getattr(model, "name", "model")
-        self.compute = tf.function(self._compute, jit_compile=True, reduce_retracing=True,
-                                   autograph=False)
-        self.compute.__name__ = "%s_forward_backward" % name
-        self.update = tf.function(self._update, jit_compile=True, reduce_retracing=True,
-                                  autograph=False)
-        self._name = name
+        name = safe_op_name(str(getattr(model, "name", "model")))
+        self.compute = tf.function(_named(self._compute, "%s_forward_backward" % name),
+                                   jit_compile=True, reduce_retracing=True, autograph=False)
+        self.update = tf.function(_named(self._update, "%s_update" % name),
+                                  jit_compile=True, reduce_retracing=True, autograph=False)
 
     # The compiled parts -------------------------------------------------
 
@@ -168,8 +167,7 @@ class SplitTrainStep:
         optimizer = self.model.optimizer
         attr = "apply" if self.flavor == _flavor.KERAS3 else "apply_gradients"
         capture = _Capture(optimizer, attr)
-        with compiled_scope("%s_forward_backward" % self._name), capture, _minimize_scope(
-                optimizer, self.flavor):
+        with capture, _minimize_scope(optimizer, self.flavor):
             logs = self.train_step(data)
         self._capture = capture
         grads = capture.calls[0][0] if len(capture.calls) == 1 else []
@@ -178,8 +176,7 @@ class SplitTrainStep:
     def _update(self, grads: List[Any]) -> None:
         _, variables, args, kwargs = self._capture.calls[0]
         optimizer = self.model.optimizer
-        with compiled_scope("%s_update" % self._name), _PreReduced(
-                reduction_of(optimizer)):
+        with _PreReduced(reduction_of(optimizer)):
             if self.flavor == _flavor.KERAS3:
                 optimizer.apply(grads, variables)
             else:
@@ -235,6 +232,16 @@ class SplitTrainStep:
         for i, r in zip(todo, reduced, strict=True):
             grads[i] = r
         return grads
+
+
+def _named(method: Callable, name: str) -> Callable:
+    """``method`` as a function called ``name`` (the name of its traced graphs)."""
+
+    def function(*args: Any) -> Any:
+        return method(*args)
+
+    function.__name__ = function.__qualname__ = name
+    return function
 
 
 class _minimize_scope:

@@ -13,8 +13,7 @@ Keras ``fit`` does not meet this error: with a ``DistributedOptimizer`` and
 the gradient reduction between them (``tfhvd._keras.xla_split``).
 """
 
-import threading
-from typing import Any, Optional
+from typing import Optional
 
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
@@ -25,31 +24,6 @@ WORKAROUND = (
     "between them, from a tf.function without jit_compile (the collective then runs "
     "outside XLA); or drop jit_compile=True from that function.  Keras fit with "
     "hvd.DistributedOptimizer does this split itself (docs/keras.md, 'XLA').")
-
-
-_local = threading.local()
-
-
-class compiled_scope:
-    """Marks Python code that traces the body of a function XLA will compile.
-
-    ``tf.function(jit_compile=True)`` enters TensorFlow's XLA context when it is
-    called, but not when it is traced through ``get_concrete_function``; code
-    that traces a compiled function that way (tfhvd's split Keras train step)
-    wraps the body in this scope so that collectives inside are still found.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __enter__(self) -> None:
-        stack = getattr(_local, "stack", None)
-        if stack is None:
-            stack = _local.stack = []
-        stack.append(self._name)
-
-    def __exit__(self, *exc: Any) -> None:
-        _local.stack.pop()
 
 
 class XlaCollectiveError(ValueError):
@@ -63,17 +37,14 @@ class XlaCollectiveError(ValueError):
 def compiled_function_name(graph: Optional[tf_ops.Graph] = None) -> Optional[str]:
     """The name of the ``jit_compile=True`` function being traced, or None.
 
-    A :class:`compiled_scope` names it directly.  Otherwise:
-
     ``tf.function(jit_compile=True)`` enters an ``XLAControlFlowContext`` in the
     graph that calls it (the eager context's graph, or an outer function's)
-    and traces its body as a child ``FuncGraph``.  Walking from ``graph`` out
-    through ``outer_graph``, the compiled function is the child of the first
-    graph found in that context.
+    and traces its body as a child ``FuncGraph``; traced through
+    ``get_concrete_function`` instead, the context is entered in the body's own
+    graph.  Walking from ``graph`` out through ``outer_graph``, the compiled
+    function is the first graph found in that context, or, when that graph is
+    a caller, its child on the walk.
     """
-    stack = getattr(_local, "stack", None)
-    if stack:
-        return stack[-1]
     graph = tf_ops.get_default_graph() if graph is None else graph
     child = None
     while graph is not None:
