@@ -1,5 +1,7 @@
 # tfhvd with GPU collectives: CUDA 12 + cuDNN, OpenMPI, NCCL, TensorFlow and
-# mpi4py, and tfhvd built with TFHVD_GPU_OPERATIONS=NCCL.
+# mpi4py, and tfhvd built with TFHVD_GPU_OPERATIONS=NCCL (and OpenSSL's
+# libcrypto from libssl-dev, which signs and checks a job's requests:
+# docs/security.md).
 #
 #   docker build -t tfhvd:gpu .
 #   docker run --gpus all --rm tfhvd:gpu          # prints the --check-build report

@@ -152,7 +152,8 @@ def _pair(envs, code):
     with RendezvousServer("127.0.0.1") as srv:
         base = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                 "HOROVOD_GLOO_RENDEZVOUS_PORT": str(srv.port), "HOROVOD_GLOO_IFACE": "lo",
-                "HOROVOD_GLOO_TIMEOUT_SECONDS": "8", "HOROVOD_CONTROLLER": "gloo"}
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": "8", "HOROVOD_CONTROLLER": "gloo",
+                "TFHVD_SECRET_KEY": srv.secret}
         procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True,
                                   env=clean_env({**base, **e}), cwd=ROOT) for e in envs]

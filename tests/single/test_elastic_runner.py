@@ -165,19 +165,23 @@ def test_the_driver_answers_only_its_workers():
     from tfhvd.runner.elastic import discovery as disc
     from tfhvd.runner.elastic.driver import ElasticDriver
     from tfhvd.runner.elastic.service import ElasticService
-    from tfhvd.runner.elastic.worker import TOKEN_HEADER
+    from tfhvd.runner.secret import sign_request
 
     driver = ElasticDriver(disc.HostManager(disc.FixedHosts({"a": 1})), np=1, min_np=1,
                            max_np=None, spawn=lambda w, world: None, terminate=lambda w: None)
     driver.start()
-    service = ElasticService(driver, "127.0.0.1")
+    service = ElasticService(driver, "127.0.0.1", secret="job-secret")
     try:
         url = "http://127.0.0.1:%d/elastic/notify" % service.port
         body = json.dumps({"worker": "a:0", "round": 1, "since": 0, "wait": 0}).encode()
         with pytest.raises(urllib.error.HTTPError, match="403"):
             urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"))
-        req = urllib.request.Request(url, data=body, method="POST",
-                                     headers={TOKEN_HEADER: service.token})
+        wrong = urllib.request.Request(url, data=body, method="POST", headers=sign_request(
+            "another-secret", "POST", "/elastic/notify", body))
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(wrong)
+        req = urllib.request.Request(url, data=body, method="POST", headers=sign_request(
+            "job-secret", "POST", "/elastic/notify", body))
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read()) == {"seq": 0, "update": 0}
     finally:

@@ -2,6 +2,7 @@
 environment, the ssh command, the backend choice, and the rendezvous server."""
 
 import argparse
+import functools
 import http.client
 import threading
 import time
@@ -83,16 +84,19 @@ def test_library_backends_reads_the_built_library():
     assert b["gloo"] or b["mpi"], b
 
 
-def _request(port: int, method: str, path: str, body: bytes = b""):
+def _signed(port: int, method: str, path: str, body: bytes = b"", secret: str = ""):
+    from tfhvd.runner.secret import sign_request
+
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request(method, path, body=body)
+    c.request(method, path, body=body, headers=sign_request(secret, method, path, body))
     r = c.getresponse()
     return r.status, r.read()
 
 
 def test_rendezvous_server_put_get_wait_exclusive():
-    with RendezvousServer("127.0.0.1") as srv:
+    with RendezvousServer("127.0.0.1", secret="s3") as srv:
         p = srv.port
+        _request = functools.partial(_signed, secret="s3")
         assert _request(p, "GET", "/s/k")[0] == 404
         assert _request(p, "PUT", "/s/k", b"v1") == (200, b"")
         assert _request(p, "GET", "/s/k") == (200, b"v1")

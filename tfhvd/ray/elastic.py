@@ -237,7 +237,7 @@ class _ElasticRayJob:
                                     spawn=self._spawn, terminate=self._terminate,
                                     timeout=s.elastic_timeout, reset_limit=s.reset_limit,
                                     world_env=self.world_scopes)
-        self.service = ElasticService(self.driver, bind)
+        self.service = ElasticService(self.driver, bind, secret=self.rendezvous.secret)
 
     def _env(self, wid: str, world: World) -> Dict[str, str]:
         iface = "lo" if self.addr == LOOPBACK else (self.ex.settings.nics or [None])[0]

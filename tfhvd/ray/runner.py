@@ -43,6 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tfhvd.runner.engines import Bootstrap, WorkerError, call_as_rank, driver_endpoint, \
     engine_slots, rank_order, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.secret import secret_env
 from tfhvd.ray.worker import BaseHorovodWorker
 
 # After the first failure, how long other ranks' failures are awaited so that
@@ -338,6 +339,7 @@ class RayExecutor:
         scope = "ray-" + uuid.uuid4().hex[:12]
         env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(max(self.settings.timeout_s, 1)))}
         env.update({str(k): str(v) for k, v in extra_env.items()})
+        env.update(secret_env(self._server.secret))  # over Ray's channel, never argv
         slots = engine_slots(hosts)
         self._get([w.bootstrap.remote(Bootstrap(s, len(slots), addr, port, scope, env))
                    for w, s in zip(self.workers, slots)], self.settings.timeout_s,

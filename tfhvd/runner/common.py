@@ -180,6 +180,17 @@ def launcher_address(remote: Sequence[str], iface: Optional[str]) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+BIND_ENV = "TFHVD_BIND_ADDR"
+
+
+def bind_address(addr: str, env: Mapping[str, str]) -> str:
+    """Where a launcher's server listens: the address the ranks are given
+    (loopback for a one-host job, the interface that reaches the hosts for
+    a multi-host one), or ``TFHVD_BIND_ADDR`` when the user asks (e.g.
+    ``0.0.0.0`` for hosts that reach this one through a NAT)."""
+    return env.get(BIND_ENV) or addr
+
+
 def iface_address(iface: str) -> Optional[str]:
     """The IPv4 address of this host's interface ``iface``, or None."""
     import fcntl

@@ -34,7 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfhvd.runner.common import Slot, iface_of, set_pdeathsig, worker_env
+from tfhvd.runner.common import BIND_ENV, Slot, iface_of, set_pdeathsig, worker_env
 from tfhvd.runner.elastic.driver import topology, worker_id
 
 LOOPBACK = "127.0.0.1"
@@ -108,10 +108,28 @@ def rank_order(hosts: Sequence[str]) -> List[int]:
 
 def driver_endpoint(driver_host: str, worker_hosts: Sequence[str]) -> Tuple[str, str]:
     """(bind address, address workers use) of the rendezvous server: loopback
-    when every worker runs on the driver's host, else the driver's address."""
+    when every worker runs on the driver's host, else the driver's address
+    (``driver_host``, an address of this host), bound to that address only
+    (``TFHVD_BIND_ADDR`` overrides: see :func:`engine_bind`)."""
     if all(h == driver_host for h in worker_hosts):
         return LOOPBACK, LOOPBACK
-    return "0.0.0.0", driver_host
+    return engine_bind(driver_host), driver_host
+
+
+def engine_bind(driver_host: str) -> str:
+    """Where a driver's server listens when workers reach it at
+    ``driver_host``: ``TFHVD_BIND_ADDR`` if set; else that address when it is
+    one of this host's, else every interface (a name such as Spark's
+    ``spark.driver.host`` that resolves here to another address)."""
+    if os.environ.get(BIND_ENV):
+        return os.environ[BIND_ENV]
+    try:
+        ip = socket.gethostbyname(driver_host)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((ip, 0))
+        return ip if not ip.startswith("127.") else "0.0.0.0"
+    except OSError:
+        return "0.0.0.0"
 
 
 def node_address() -> str:

@@ -27,9 +27,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import cloudpickle
 
-from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, \
+from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, engine_bind, \
     engine_slots, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
+from tfhvd.runner.secret import SECRET_ENV, secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
 from tfhvd.spark.workers import prepare_workers
 
@@ -65,7 +66,8 @@ def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
         local = all(h in (driver_host, LOOPBACK, "localhost") for h in hosts)
         addr = LOOPBACK if local else driver_host
         try:  # the driver counts started tasks against start_timeout
-            kv_put(addr, port, scope + _STARTED, str(rank), b"1", timeout=10)
+            kv_put(addr, port, scope + _STARTED, str(rank), b"1", timeout=10,
+                   secret=env[SECRET_ENV])
         except OSError:
             pass  # the rendezvous below then fails with its own error
         extra = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(start_timeout)}
@@ -155,9 +157,10 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     driver_host = sc.getConf().get("spark.driver.host", LOOPBACK)
     master = sc.master or ""
     local = master.startswith("local")
-    server = RendezvousServer(LOOPBACK if local else "0.0.0.0")
+    server = RendezvousServer(LOOPBACK if local else engine_bind(driver_host))
     port = server.start()
     task_env = {str(k): str(v) for k, v in (env or {}).items()}
+    task_env.update(secret_env(server.secret))  # in the task's closure, never argv
     session_mode(task_env, "tfhvd.spark.run(env=...)")
     if nics:
         task_env["HOROVOD_GLOO_IFACE"] = list(nics)[0]

@@ -125,6 +125,7 @@ Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
   Lookup(env, "HOSTNAME", &l->hostname, &var);
   Lookup(env, "GLOO_IFACE", &l->iface, &var);
   Lookup(env, "GLOO_SCOPE", &l->scope, &var);
+  Lookup(env, "SECRET_KEY", &l->secret, &var);
   TFHVD_RETURN_IF_ERROR(ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s));
   std::string ignored;
   for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {

@@ -38,6 +38,10 @@ struct LaunchEnv {
   // fresh one per round); empty: "init<N>" for the N-th init of the process.
   std::string scope;
   double timeout_s = 30.0;      // GLOO_TIMEOUT_SECONDS: rendezvous and collective timeout
+  // SECRET_KEY: the job's secret (auth.h); signs rendezvous requests and keys
+  // the control channel's handshake.  Empty: requests go unsigned (refused
+  // by tfhvd's rendezvous server) and the handshake uses the bootstrap's key.
+  std::string secret;
   bool under_mpirun = false;    // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set
   // Names of the launch variables that are set (for the half-set warning).
   std::vector<std::string> present;

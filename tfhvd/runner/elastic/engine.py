@@ -14,6 +14,7 @@ from tfhvd.runner.elastic import worker as wk
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
     split_id
 from tfhvd.runner.elastic.service import ElasticService
+from tfhvd.runner.secret import secret_env
 
 
 def member_env(world: World, wid: str, service: ElasticService, addr: str,
@@ -21,12 +22,14 @@ def member_env(world: World, wid: str, service: ElasticService, addr: str,
                iface: Optional[str], world_env: Mapping[str, str]) -> Dict[str, str]:
     """The variables worker ``wid`` of ``world`` runs with: its rank and
     topology, the driver's and the rendezvous server's addresses, the job's
-    token, ``extra`` (the user's), and ``world_env`` (the world's Gloo scope)."""
+    secret (TFHVD_SECRET_KEY), ``extra`` (the user's), and ``world_env``
+    (the world's Gloo scope)."""
     info = world.info[wid]
     slot = Slot(info["rank"], split_id(wid)[0], info["local_rank"], info["local_size"],
                 info["cross_rank"], info["cross_size"])
     env = dict(extra)
-    env.update({wk.ELASTIC_ENV: "1", wk.WORKER_ENV: wid, wk.TOKEN_ENV: service.token,
+    env.update(secret_env(service.secret))
+    env.update({wk.ELASTIC_ENV: "1", wk.WORKER_ENV: wid,
                 wk.DRIVER_ENV: "%s:%d" % (addr, service.port),
                 wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1",
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s))})

@@ -26,9 +26,10 @@ from tfhvd.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscov
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
     split_id
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.common import Slot, launcher_address, worker_env
+from tfhvd.runner.common import Slot, bind_address, launcher_address, worker_env
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 from tfhvd.runner.gloo.workers import Worker, remote_command
+from tfhvd.runner.secret import job_secret, secret_env
 
 TERMINATE_GRACE_S = 5.0
 EXIT_GRACE_S = 3.0
@@ -85,12 +86,15 @@ class ElasticJob:
         remote_hosts = [h for h in first if not hostlib.is_local_host(h)]
         explicit = self.env.get("TFHVD_ELASTIC_DRIVER_ADDR")
         self.remote = bool(remote_hosts or explicit or self.iface)
-        bind = "0.0.0.0" if self.remote else "127.0.0.1"
-        self.rendezvous = RendezvousServer(bind)
-        self.rendezvous_port = self.rendezvous.start()
-        self.service = ElasticService(self.driver, bind)
         self.host_addr = explicit or (launcher_address(remote_hosts, self.iface)
                                       if self.remote else "127.0.0.1")
+        # Both servers check the job's one secret and listen only where the
+        # workers are told to reach them (TFHVD_BIND_ADDR overrides).
+        bind = bind_address(self.host_addr, self.env)
+        self.secret = job_secret(self.env)
+        self.rendezvous = RendezvousServer(bind, secret=self.secret, log=self.err)
+        self.rendezvous_port = self.rendezvous.start()
+        self.service = ElasticService(self.driver, bind, secret=self.secret, log=self.err)
         self.addr = "%s:%d" % (self.host_addr, self.service.port)
         self._last_round = 0
 
@@ -116,8 +120,8 @@ class ElasticJob:
         slot = Slot(info["rank"], host, info["local_rank"], info["local_size"],
                     info["cross_rank"], info["cross_size"])
         extra = dict(settings_env(self.args))
+        extra.update(secret_env(self.secret))
         extra.update({wk.ELASTIC_ENV: "1", wk.DRIVER_ENV: self.addr, wk.WORKER_ENV: wid,
-                      wk.TOKEN_ENV: self.service.token,
                       wk.ROUND_ENV: str(world.round), "PYTHONUNBUFFERED": "1"})
         if not any(self.env.get(p + "GLOO_TIMEOUT_SECONDS") for p in ("TFHVD_", "HOROVOD_")):
             # A new world waits this long at the rendezvous for its newcomers (as
@@ -151,7 +155,8 @@ class ElasticJob:
                                            os.path.abspath(self.args.ssh_identity_file)
                                            if self.args.ssh_identity_file else None)
             argv = remote_command(ssh, host, argv, env, os.getcwd())
-        w = Worker(Slot(world.info[wid]["rank"], host, 0, 1, 0, 1), argv, env, remote)
+        w = Worker(Slot(world.info[wid]["rank"], host, 0, 1, 0, 1), argv, env, remote,
+                   stdin_line=self.secret)
         with self.lock:
             self.procs[wid] = w
         for pipe, name in ((w.proc.stdout, "stdout"), (w.proc.stderr, "stderr")):

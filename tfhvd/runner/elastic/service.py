@@ -11,17 +11,16 @@ launcher can serve these paths; :class:`ElasticService` is a small threaded
 server that serves only them.
 """
 
-import hmac
 import json
-import secrets
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, TextIO, Tuple
 
 from tfhvd.runner.elastic.driver import ElasticDriver
-from tfhvd.runner.elastic.worker import TOKEN_HEADER
+from tfhvd.runner.guarded_http import GuardedHandler, GuardedServer
+from tfhvd.runner.secret import job_secret
 
 MAX_NOTIFY_WAIT_S = 60.0
+MAX_BODY = 1 << 20  # a worker's request is a few dozen bytes of JSON
 
 
 def handle_elastic(driver: ElasticDriver, path: str,
@@ -36,64 +35,60 @@ def handle_elastic(driver: ElasticDriver, path: str,
     return None
 
 
+class _Handler(GuardedHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        raw = self.signed_body()
+        if raw is None:
+            return
+        result: Optional[Tuple[int, Dict[str, Any]]]
+        try:
+            body = json.loads(raw.decode() or "{}")
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            result = handle_elastic(self.server.driver, self.path, body)
+        except (ValueError, KeyError, TypeError) as e:
+            result = (400, {"error": "bad request: %s" % e})
+        if result is None:
+            result = (404, {"error": "no such path %s" % self.path})
+        self.reply(result[0], json.dumps(result[1]).encode(), "application/json")
+
+
+class _Server(GuardedServer):
+    def __init__(self, addr: Tuple[str, int], driver: ElasticDriver, secret: str,
+                 log: Optional[TextIO]) -> None:
+        self.driver = driver
+        super().__init__(addr, _Handler, secret, "the elastic driver's service",
+                         max_body=MAX_BODY, log=log)
+
+
 class ElasticService:
     """A threaded HTTP server for the elastic endpoints, on ``addr``:ephemeral port.
 
-    Requests must carry ``token`` (given to workers as ``TFHVD_ELASTIC_TOKEN``);
-    others get 403, so nothing else on the network can take part in the job.
+    Requests must be signed with ``secret`` (the job's, given to workers as
+    TFHVD_SECRET_KEY; default: :func:`~tfhvd.runner.secret.job_secret`);
+    others get 403, so nothing else on the network can take part in the
+    job.  Bodies over 1 MiB, slow clients and floods are refused as by the
+    rendezvous server (:mod:`tfhvd.runner.guarded_http`).
     """
 
-    def __init__(self, driver: ElasticDriver, addr: str = "0.0.0.0",
-                 token: Optional[str] = None) -> None:
+    def __init__(self, driver: ElasticDriver, addr: str = "127.0.0.1",
+                 secret: Optional[str] = None, log: Optional[TextIO] = None) -> None:
         self.driver = driver
-        self.token = token or secrets.token_hex(16)
-        expected = self.token.encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                length = int(self.headers.get("Content-Length") or 0)
-                given = (self.headers.get(TOKEN_HEADER) or "").encode()
-                raw = self.rfile.read(length)
-                if not hmac.compare_digest(given, expected):
-                    self._send(403, {"error": "not a worker of this job"})
-                    return
-                result: Optional[Tuple[int, Dict[str, Any]]]
-                try:
-                    result = handle_elastic(driver, self.path, json.loads(raw.decode() or "{}"))
-                except (ValueError, KeyError, TypeError) as e:
-                    result = (400, {"error": "bad request: %s" % e})
-                if result is None:
-                    result = (404, {"error": "no such path %s" % self.path})
-                self._send(*result)
-
-            def _send(self, code: int, answer: Dict[str, Any]) -> None:
-                data = json.dumps(answer).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the worker exited (or reset) while it waited
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                pass  # a worker that went away mid-request is not news
-
-        self.server = Server((addr, 0), Handler)
+        self.secret = secret or job_secret()
+        self.server = _Server((addr, 0), driver, self.secret, log)
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
                                         name="tfhvd-elastic-service")
         self._thread.start()
 
+    @property
+    def refused(self) -> int:
+        """How many requests were refused so far."""
+        return self.server.refusals.count
+
     def stop(self) -> None:
         self.server.shutdown()
-        self.server.server_close()
+        self.server.close()

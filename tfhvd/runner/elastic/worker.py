@@ -25,16 +25,15 @@ import json
 import os
 import threading
 import urllib.error
-import urllib.request
 from enum import IntFlag
 from typing import Any, Dict, Optional, Set
+
+from tfhvd.runner.secret import secret_from_env, signed_urlopen
 
 DRIVER_ENV = "TFHVD_ELASTIC_DRIVER"
 WORKER_ENV = "TFHVD_ELASTIC_WORKER"
 ROUND_ENV = "TFHVD_ELASTIC_ROUND"
 ELASTIC_ENV = "HOROVOD_ELASTIC"
-TOKEN_ENV = "TFHVD_ELASTIC_TOKEN"   # the job's secret: the driver answers no one else
-TOKEN_HEADER = "X-Tfhvd-Elastic-Token"
 # Topology variables a worker's runtime reads at init; rewritten at each reset.
 TOPOLOGY_ENV = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
@@ -72,11 +71,10 @@ def _url(path: str) -> str:
 
 
 def _post(path: str, body: Dict[str, Any], timeout: Optional[float]) -> Dict[str, Any]:
+    """POSTs ``body``, signed with the job's secret (the driver answers no one else)."""
     data = json.dumps(body).encode()
-    req = urllib.request.Request(_url(path), data=data, method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          TOKEN_HEADER: os.environ.get(TOKEN_ENV, "")})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with signed_urlopen(secret_from_env() or "", _url(""), "POST", path, data,
+                        {"Content-Type": "application/json"}, timeout) as resp:
         return json.loads(resp.read().decode() or "{}")
 
 

@@ -22,8 +22,9 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 
 from tfhvd.runner.common import (  # noqa: F401  (launcher_address, iface_of re-exported)
-    Slot, iface_of, launcher_address, worker_env)
+    Slot, bind_address, iface_of, launcher_address, worker_env)
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
+from tfhvd.runner.secret import job_secret, secret_env
 from tfhvd.runner.gloo.workers import Worker, remote_command
 from tfhvd.runner.hosts import is_local_host
 from tfhvd.runner.output import FailureTracker, Line, LineSink
@@ -57,9 +58,10 @@ class GlooJob:
         self.first_failure: Optional[Worker] = None
 
     def spawn(self, slot: Slot, argv: Sequence[str], env: Mapping[str, str],
-              remote: bool) -> Worker:
-        """Starts one rank and the readers of its output."""
-        w = Worker(slot, argv, env, remote)
+              remote: bool, stdin_line: Optional[str] = None) -> Worker:
+        """Starts one rank and the readers of its output (``stdin_line``: the
+        job's secret, which a remote rank reads from its ssh's stdin)."""
+        w = Worker(slot, argv, env, remote, stdin_line)
         self.workers.append(w)
         for pipe, stream in ((w.proc.stdout, "stdout"), (w.proc.stderr, "stderr")):
             p = _Pump(w, pipe, stream, self._sink)
@@ -173,9 +175,13 @@ def run_gloo_job(command: Sequence[str], slots: Sequence[Slot], env: Mapping[str
     tracker = tracker if tracker is not None else FailureTracker()
     sink = LineSink(out, err, tracker, on_line, output_dir)
     job = GlooJob(sink, tracker, err)
-    server = RendezvousServer("0.0.0.0" if remote else "127.0.0.1")
-    port = server.start()
+    # One secret for the whole job (the user's TFHVD_SECRET_KEY, else a new
+    # one); the server listens on the address the ranks are given, loopback
+    # for a job on this host (docs/security.md).
     addr = launcher_address(remote, iface)
+    server = RendezvousServer(bind_address(addr, env), secret=job_secret(env), log=err)
+    port = server.start()
+    extra_env = dict(extra_env, **secret_env(server.secret))
     # A job on this host only runs Gloo over loopback unless told otherwise;
     # a multi-host job without --network-interface uses the interface that
     # reaches the first remote host here (the hosts must name it alike).
@@ -196,7 +202,7 @@ def run_gloo_job(command: Sequence[str], slots: Sequence[Slot], env: Mapping[str
                 job.spawn(slot, command, wenv, remote=False)
             else:
                 job.spawn(slot, remote_command(ssh, slot.hostname, command, wenv, cwd), env,
-                          remote=True)
+                          remote=True, stdin_line=server.secret)
         code = job.wait(timeout)
     finally:
         if any(w.poll() is None for w in job.workers):

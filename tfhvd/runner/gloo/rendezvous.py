@@ -13,14 +13,19 @@ implements Gloo's rendezvous ``Store`` on top of three requests:
 Every ``hvd.init()`` uses its own scope (``init<N>``, or the
 ``HOROVOD_GLOO_SCOPE`` an elastic driver sets), so one server serves many
 worlds in turn.  :class:`RendezvousServer` is usable on its own by a driver.
+
+Every request is signed with the job's secret (:mod:`tfhvd.runner.secret`);
+the server (:mod:`tfhvd.runner.guarded_http`) answers anything else 403 and
+keeps nothing of it, and bounds what it reads (docs/security.md).
 """
 
 import threading
 import urllib.error
 import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, TextIO, Tuple
+
+from tfhvd.runner.guarded_http import GuardedHandler, GuardedServer
+from tfhvd.runner.secret import job_secret, secret_from_env, signed_urlopen
 
 _MAX_WAIT_MS = 60_000
 
@@ -70,69 +75,69 @@ def _split(path: str) -> Tuple[str, str, Dict[str, str]]:
     return parts[0], (parts[1] if len(parts) > 1 else ""), query
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     server: "_Server"
     protocol_version = "HTTP/1.0"
 
-    def log_message(self, fmt: str, *args) -> None:  # noqa: D102 - quiet
-        pass
-
-    def _reply(self, code: int, body: bytes = b"") -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
-
     def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+        value = self.signed_body()
+        if value is None:
+            return
         scope, key, query = _split(self.path)
-        n = int(self.headers.get("Content-Length") or 0)
-        value = self.rfile.read(n) if n else b""
         if not scope or not key:
-            self._reply(400)
+            self.reply(400)
             return
         ok = self.server.store.put(scope, key, value, exclusive=query.get("exclusive") == "1")
-        self._reply(200 if ok else 409)
+        self.reply(200 if ok else 409)
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.signed_body() is None:
+            return
         scope, key, query = _split(self.path)
         try:
             wait_ms = min(max(int(query.get("wait_ms", "0")), 0), _MAX_WAIT_MS)
         except ValueError:
-            self._reply(400)
+            self.reply(400)
             return
         value = self.server.store.get(scope, key, wait_ms / 1000.0)
         if value is None:
-            self._reply(404)
+            self.reply(404)
         else:
-            self._reply(200, value)
+            self.reply(200, value)
 
     def do_DELETE(self) -> None:  # noqa: N802
+        if self.signed_body() is None:
+            return
         scope, _, _ = _split(self.path)
         self.server.store.delete_scope(scope)
-        self._reply(200)
+        self.reply(200)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def __init__(self, addr: Tuple[str, int], store: KVStore) -> None:
+class _Server(GuardedServer):
+    def __init__(self, addr: Tuple[str, int], store: KVStore, secret: str,
+                 log: Optional[TextIO]) -> None:
         self.store = store
-        super().__init__(addr, _Handler)
+        super().__init__(addr, _Handler, secret, "the rendezvous server", log=log)
 
 
 class RendezvousServer:
     """An HTTP key-value server on a thread of this process.
 
     ``start()`` returns the port (``port=0``: any free one); ``stop()`` ends
-    it.  Usable as a context manager.
+    it.  Usable as a context manager.  Every request must be signed with
+    ``secret`` (default: :func:`~tfhvd.runner.secret.job_secret`, the user's
+    TFHVD_SECRET_KEY or a random one), which ranks get through
+    :func:`~tfhvd.runner.secret.secret_env`; others get 403.  It binds to
+    ``host`` only: the launchers give loopback to one-host jobs.  Refused
+    requests are reported on ``log`` (default stderr), the first one only.
     """
 
-    def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 secret: Optional[str] = None, log: Optional[TextIO] = None) -> None:
         self.store = KVStore()
+        self.secret = secret or job_secret()
         self._addr = (host, port)
+        self._log = log
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -142,8 +147,13 @@ class RendezvousServer:
             raise RuntimeError("the rendezvous server is not started")
         return int(self._server.server_address[1])
 
+    @property
+    def refused(self) -> int:
+        """How many requests were refused so far."""
+        return self._server.refusals.count if self._server is not None else 0
+
     def start(self) -> int:
-        self._server = _Server(self._addr, self.store)
+        self._server = _Server(self._addr, self.store, self.secret, self._log)
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.5},
                                         name="tfhvd-rendezvous", daemon=True)
@@ -153,7 +163,7 @@ class RendezvousServer:
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -167,20 +177,30 @@ class RendezvousServer:
         self.stop()
 
 
+def _request(method: str, addr: str, port: int, path: str, body: bytes,
+             secret: Optional[str], timeout: float):
+    return signed_urlopen(secret or secret_from_env() or "", "http://%s:%d" % (addr, port),
+                          method, path, body, timeout=timeout)
+
+
+def _path(scope: str, key: str) -> str:
+    return "/%s/%s" % (urllib.parse.quote(scope), urllib.parse.quote(key))
+
+
 def kv_put(addr: str, port: int, scope: str, key: str, value: bytes,
-           timeout: float = 10.0) -> None:
-    """Stores ``value`` under ``scope/key`` on the server at ``addr:port``."""
-    req = urllib.request.Request("http://%s:%d/%s/%s" % (addr, port, scope, key), data=value,
-                                 method="PUT")
-    urllib.request.urlopen(req, timeout=timeout).close()
+           timeout: float = 10.0, secret: Optional[str] = None) -> None:
+    """Stores ``value`` under ``scope/key`` on the server at ``addr:port``,
+    signed with ``secret`` (default: this process's TFHVD_SECRET_KEY)."""
+    _request("PUT", addr, port, _path(scope, key), value, secret, timeout).close()
 
 
 def kv_get(addr: str, port: int, scope: str, key: str, wait_ms: int = 0,
-           timeout: float = 10.0) -> Optional[bytes]:
-    """The value of ``scope/key``, waiting up to ``wait_ms`` for it (None: absent)."""
-    url = "http://%s:%d/%s/%s?wait_ms=%d" % (addr, port, scope, key, wait_ms)
+           timeout: float = 10.0, secret: Optional[str] = None) -> Optional[bytes]:
+    """The value of ``scope/key``, waiting up to ``wait_ms`` for it (None:
+    absent); signed like :func:`kv_put`."""
+    path = "%s?wait_ms=%d" % (_path(scope, key), wait_ms)
     try:
-        with urllib.request.urlopen(url, timeout=timeout + wait_ms / 1000.0) as resp:
+        with _request("GET", addr, port, path, b"", secret, timeout + wait_ms / 1000.0) as resp:
             return resp.read()
     except urllib.error.HTTPError as e:
         if e.code == 404:

@@ -16,6 +16,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from tfhvd.runner.common import (  # noqa: F401  (Slot, plan_slots, worker_env re-exported)
     Slot, forwarded_env, plan_slots, set_pdeathsig, worker_env)
+from tfhvd.runner.secret import HOROVOD_SECRET_ENV, SECRET_ENV
 
 
 def remote_command(ssh: Sequence[str], host: str, command: Sequence[str],
@@ -24,10 +25,19 @@ def remote_command(ssh: Sequence[str], host: str, command: Sequence[str],
     in ``cwd``, with the forwarded part of ``env``, under the guard (which
     ends the rank when the ssh connection goes away).  The forwarded
     variables are those mpirun -x would pass (PATH, LD_LIBRARY_PATH,
-    PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_*, TF_*)."""
-    assigns = " ".join("%s=%s" % (k, shlex.quote(env[k])) for k in forwarded_env(env))
-    inner = "cd %s && exec env %s %s -m tfhvd.runner.gloo.guard -- %s" % (
-        shlex.quote(cwd), assigns, shlex.quote(python),
+    PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_*, TF_*), except the job's secret:
+    a command line is visible to every user of both hosts (``ps``), so the
+    secret comes as the first line of the ssh's stdin (``Worker``'s
+    ``stdin_line``), read into the environment before the rank starts."""
+    hidden = (SECRET_ENV, HOROVOD_SECRET_ENV)
+    assigns = " ".join("%s=%s" % (k, shlex.quote(env[k])) for k in forwarded_env(env)
+                       if k not in hidden)
+    read = ""
+    if any(k in env for k in hidden):
+        read = "IFS= read -r %s && export %s %s=\"$%s\" && " % (
+            SECRET_ENV, SECRET_ENV, HOROVOD_SECRET_ENV, SECRET_ENV)
+    inner = "cd %s && %sexec env %s %s -m tfhvd.runner.gloo.guard -- %s" % (
+        shlex.quote(cwd), read, assigns, shlex.quote(python),
         " ".join(shlex.quote(c) for c in command))
     return list(ssh) + ["-o", "BatchMode=yes", host.strip("[]"), inner]
 
@@ -36,7 +46,7 @@ class Worker:
     """One rank's process: local, or the ssh client of a remote one."""
 
     def __init__(self, slot: Slot, argv: Sequence[str], env: Mapping[str, str],
-                 remote: bool) -> None:
+                 remote: bool, stdin_line: Optional[str] = None) -> None:
         self.slot = slot
         self.remote = remote
         self.argv = list(argv)
@@ -44,6 +54,12 @@ class Worker:
                                      stderr=subprocess.PIPE,
                                      stdin=subprocess.PIPE if remote else subprocess.DEVNULL,
                                      preexec_fn=set_pdeathsig, start_new_session=True)
+        if remote and stdin_line is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(stdin_line.encode() + b"\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # ssh failed at once: its exit code says why
 
     @property
     def rank(self) -> int:

@@ -86,7 +86,7 @@ class GlooBackend : public Backend {
         !env.scope.empty() ? env.scope : "init" + std::to_string(opts.generation);
     if (size > 1) {
       auto http = std::make_unique<HttpStore>(env.rendezvous_addr, env.rendezvous_port, scope,
-                                              peers_.timeout);
+                                              peers_.timeout, env.secret);
       http_ = http.get();
       store_ = std::move(http);
     } else {
@@ -129,6 +129,8 @@ class GlooBackend : public Backend {
                                                                     : opts.socket_ifname;
       tcp.shared_memory = opts.control_shm;
       tcp.connect_timeout_s = env.timeout_s;
+      tcp.secret = env.secret;
+      tcp.loopback_only = env.iface == "lo" || topo_.local_size == topo_.size;
       TFHVD_RETURN_IF_ERROR(CreateTcpControl(rank, size, Bootstrap(), tcp, &control_));
     } else {
       control_ = std::make_unique<LocalControl>();

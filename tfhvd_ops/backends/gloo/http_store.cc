@@ -1,5 +1,7 @@
 #include "http_store.h"
 
+#include "../../core/auth.h"
+
 #include <gloo/common/error.h>
 #include <netdb.h>
 #include <poll.h>
@@ -84,12 +86,16 @@ bool SendAll(int fd, const std::string& bytes, Clock::time_point deadline) {
   return true;
 }
 
-// Reads until the server closes the connection.
-bool RecvAll(int fd, std::string* out, Clock::time_point deadline) {
+// Reads until the server closes the connection (at most `cap` bytes).
+bool RecvAll(int fd, std::string* out, Clock::time_point deadline, size_t cap) {
   char buf[65536];
   while (true) {
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n > 0) {
+      if (out->size() + static_cast<size_t>(n) > cap) {
+        errno = EMSGSIZE;
+        return false;
+      }
       out->append(buf, static_cast<size_t>(n));
     } else if (n == 0) {
       return true;
@@ -117,11 +123,22 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
+// What an HTTP status from the server means for the user.
+std::string Refusal(int code) {
+  if (code != 403) return "";
+  return "; the server refused this rank's signature: the rank's TFHVD_SECRET_KEY (or "
+         "HOROVOD_SECRET_KEY) must be the one its launcher gave it";
+}
+
 }  // namespace
 
 HttpStore::HttpStore(std::string host, int port, std::string scope,
-                     std::chrono::milliseconds timeout)
-    : host_(std::move(host)), port_(port), scope_(std::move(scope)), timeout_(timeout) {}
+                     std::chrono::milliseconds timeout, std::string secret)
+    : host_(std::move(host)),
+      port_(port),
+      scope_(std::move(scope)),
+      timeout_(timeout),
+      secret_(std::move(secret)) {}
 
 std::string HttpStore::Describe() const {
   return "the rendezvous server at " + host_ + ":" + std::to_string(port_);
@@ -134,26 +151,46 @@ std::string HttpStore::Path(const std::string& key) const {
 int HttpStore::Request(const std::string& method, const std::string& path,
                        const std::vector<char>& body, std::vector<char>* reply,
                        Clock::time_point deadline) {
+  const std::string body_hash = HexEncode(Sha256(std::string(body.begin(), body.end())));
+  std::string resp;
   std::string why;
-  Fd fd;
-  // The server may not be listening yet (or not be reachable at all): retry
-  // until the deadline, then say which.
-  while ((fd.fd = Connect(host_, port_, deadline, &why)) < 0) {
+  bool reached = false;  // a connection was made at least once
+  // The server may not be listening yet, not be reachable at all, or drop
+  // the connection while it sheds a flood of strangers: retry until the
+  // deadline, then say which.
+  while (true) {
+    Fd fd;
+    if ((fd.fd = Connect(host_, port_, deadline, &why)) >= 0) {
+      reached = true;
+      const std::string stamp = std::to_string(
+          std::chrono::duration_cast<std::chrono::seconds>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count());
+      const std::string nonce = HexEncode(RandomBytes(16));
+      const std::string mac = HexEncode(HmacSha256(
+          secret_, "tfhvd-http-1\n" + method + "\n" + path + "\n" + stamp + "\n" + nonce +
+                       "\n" + body_hash));
+      std::string req = method + " " + path + " HTTP/1.0\r\nHost: " + host_ +
+                        "\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\nX-Tfhvd-Auth: " + stamp + ":" + nonce + ":" + mac +
+                        "\r\nX-Tfhvd-Body-Sha256: " + body_hash + "\r\n\r\n";
+      req.append(body.begin(), body.end());
+      resp.clear();
+      if (SendAll(fd.fd, req, deadline) && RecvAll(fd.fd, &resp, deadline, kMaxReplyBytes) &&
+          !resp.empty()) {
+        break;
+      }
+      why = resp.size() >= kMaxReplyBytes ? "a reply over 256 MiB" : std::strerror(errno);
+    }
     if (Clock::now() + std::chrono::milliseconds(200) >= deadline) {
-      GLOO_THROW_IO_EXCEPTION("tfhvd: cannot reach " + Describe() + " within " +
-                              std::to_string(timeout_.count() / 1000) + " s (" + why +
-                              "); check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, or raise "
-                              "--start-timeout");
+      const std::string within = " within " + std::to_string(timeout_.count() / 1000) + " s (" +
+                                 why + "); check HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, or raise "
+                                       "--start-timeout";
+      if (!reached) GLOO_THROW_IO_EXCEPTION("tfhvd: cannot reach " + Describe() + within);
+      GLOO_THROW_IO_EXCEPTION("tfhvd: " + method + " " + path + " to " + Describe() +
+                              " got no answer" + within);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  std::string req = method + " " + path + " HTTP/1.0\r\nHost: " + host_ +
-                    "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
-  req.append(body.begin(), body.end());
-  std::string resp;
-  if (!SendAll(fd.fd, req, deadline) || !RecvAll(fd.fd, &resp, deadline)) {
-    GLOO_THROW_IO_EXCEPTION("tfhvd: " + method + " " + path + " to " + Describe() +
-                            " failed or timed out: " + std::strerror(errno));
   }
   size_t head = resp.find("\r\n\r\n");
   int code = 0;
@@ -171,7 +208,7 @@ void HttpStore::set(const std::string& key, const std::vector<char>& data) {
   int code = Request("PUT", Path(key), data, &reply, Clock::now() + timeout_);
   if (code != 200) {
     GLOO_THROW_IO_EXCEPTION("tfhvd: " + Describe() + " refused key " + key + " (HTTP " +
-                            std::to_string(code) + ")");
+                            std::to_string(code) + Refusal(code) + ")");
   }
 }
 
@@ -181,7 +218,7 @@ bool HttpStore::SetExclusive(const std::string& key, const std::vector<char>& da
   if (code == 409) return false;
   if (code != 200) {
     GLOO_THROW_IO_EXCEPTION("tfhvd: " + Describe() + " refused key " + key + " (HTTP " +
-                            std::to_string(code) + ")");
+                            std::to_string(code) + Refusal(code) + ")");
   }
   return true;
 }
@@ -197,7 +234,7 @@ bool HttpStore::Fetch(const std::string& key, std::vector<char>* value,
     if (code == 200) return true;
     if (code != 404) {
       GLOO_THROW_IO_EXCEPTION("tfhvd: " + Describe() + " answered HTTP " +
-                              std::to_string(code) + " for key " + key);
+                              std::to_string(code) + " for key " + key + Refusal(code));
     }
     if (MsLeft(deadline) <= 500) return false;
   }

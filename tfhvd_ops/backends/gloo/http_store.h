@@ -8,6 +8,13 @@
 // The server waits for a missing key itself (long poll), so a rank that waits
 // for its peers sleeps in recv() instead of polling.
 //
+// Every request is signed with the job's secret (auth.h): headers
+// X-Tfhvd-Auth: <unix time>:<nonce>:<hex HMAC-SHA256 over "tfhvd-http-1",
+// method, path, time, nonce and the body's hex SHA-256, one per line> and
+// X-Tfhvd-Body-Sha256, as tfhvd/runner/secret.py checks them.  A reply is
+// read up to kMaxReplyBytes.  A connection that fails before a reply comes
+// (a server busy refusing a flood) is retried until the deadline.
+//
 // Gloo calls Store methods from connectFullMesh and expects failures as
 // exceptions: every failure throws gloo::IoException with the address, the
 // key and the reason; GlooContext (gloo_context.h) turns it into a Status.
@@ -26,7 +33,10 @@ class HttpStore : public gloo::rendezvous::Store {
  public:
   // `timeout` bounds every call, connecting included (the server may be
   // unreachable: the error then says so once the time is up).
-  HttpStore(std::string host, int port, std::string scope, std::chrono::milliseconds timeout);
+  HttpStore(std::string host, int port, std::string scope, std::chrono::milliseconds timeout,
+            std::string secret);
+
+  static constexpr size_t kMaxReplyBytes = size_t{256} << 20;
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -53,6 +63,7 @@ class HttpStore : public gloo::rendezvous::Store {
   int port_;
   std::string scope_;
   std::chrono::milliseconds timeout_;
+  std::string secret_;
 };
 
 }  // namespace tfhvd

@@ -380,6 +380,7 @@ class MpiBackend : public Backend {
       TcpOptions tcp;
       tcp.ifname = opts.socket_ifname;
       tcp.shared_memory = opts.control_shm;
+      tcp.loopback_only = topo_.local_size == topo_.size;
       std::unique_ptr<ControlChannel> sockets;
       Status st = CreateTcpControl(topo_.rank, topo_.size, Bootstrap(), tcp, &sockets);
       if (st.ok()) control_ = std::move(sockets);

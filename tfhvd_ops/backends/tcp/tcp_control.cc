@@ -1,6 +1,9 @@
 #include "tcp_control.h"
 
 #include "shm_ring.h"
+#include "tcp_handshake.h"
+
+#include "../../core/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -378,31 +381,44 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
   std::string info;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
+  std::string session_key;  // hex; rank 0 draws it, the bootstrap carries it
   if (rank == 0 && size > 1) {
-    listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in addr;
     std::memset(&addr, 0, sizeof(addr));
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    std::vector<std::string> advertised = LocalAddresses(opt.ifname);
+    if (opt.loopback_only) {
+      advertised = {"127.0.0.1"};
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    } else if (!opt.ifname.empty() && !advertised.empty()) {
+      inet_pton(AF_INET, advertised[0].c_str(), &addr.sin_addr);
+    }
     socklen_t len = sizeof(addr);
-    if (listen_fd < 0 || bind(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 ||
-        listen(listen_fd, size) != 0 ||
+    session_key = HexEncode(RandomBytes(32));
+    if (listen_fd < 0 || session_key.empty() ||
+        bind(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 ||
+        listen(listen_fd, 4096) != 0 ||
         getsockname(listen_fd, reinterpret_cast<struct sockaddr*>(&addr), &len) != 0) {
       info = "";  // tells the workers to give up
     } else {
       std::ostringstream name;
       name << "tfhvd." << getpid() << "." << ntohs(addr.sin_port) << "."
            << Clock::now().time_since_epoch().count();
-      unix_fd = ListenUnix(name.str(), size);
+      unix_fd = ListenUnix(name.str(), 4096);
       std::ostringstream o;
       o << host << "|" << ntohs(addr.sin_port) << "|";
-      for (const auto& ip : LocalAddresses(opt.ifname)) o << ip << ",";
-      o << "|" << (unix_fd >= 0 ? name.str() : "");
+      for (const auto& ip : advertised) o << ip << ",";
+      o << "|" << (unix_fd >= 0 ? name.str() : "") << "|" << session_key;
       info = o.str();
     }
   }
   TFHVD_RETURN_IF_ERROR(boot.broadcast(&info));
-  // Phase 1: workers connect (the kernel queues them on the listening socket).
+  // What error messages may show: the addresses, not the session key.
+  const std::string shown = info.substr(0, info.rfind('|'));
+  // Phase 1: workers connect (the kernel queues them on the listening socket)
+  // and send their hello.
   int ok = 1;
   if (size > 1 && info.empty()) ok = 0;
   if (rank > 0 && ok) {
@@ -412,19 +428,20 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     std::getline(in, port_s, '|');
     std::getline(in, ips_s, '|');
     std::getline(in, unix_name, '|');
+    std::getline(in, session_key, '|');
     std::vector<std::string> candidates;
     if (chost == host) candidates.push_back("127.0.0.1");
     std::istringstream ips(ips_s);
     for (std::string ip; std::getline(ips, ip, ',');) {
-      if (!ip.empty()) candidates.push_back(ip);
+      if (!ip.empty() && !(chost == host && ip == "127.0.0.1")) candidates.push_back(ip);
     }
     int fd = chost == host && !unix_name.empty() ? ConnectUnix(unix_name) : -1;
     worker_via_unix = fd >= 0;
     for (size_t i = 0; fd < 0 && i < candidates.size(); ++i) {
       fd = ConnectTo(candidates[i], std::stoi(port_s), 2.0);
     }
-    int32_t me = rank;
-    if (fd < 0 || !WriteAll(fd, reinterpret_cast<const char*>(&me), 4, opt.connect_timeout_s)) {
+    const std::string hello = MakeHello(ControlKey(opt.secret, session_key), rank);
+    if (fd < 0 || !WriteAll(fd, hello.data(), hello.size(), opt.connect_timeout_s)) {
       if (fd >= 0) close(fd);
       ok = 0;
     } else {
@@ -436,34 +453,22 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
   }
   int all_ok = 0;
   TFHVD_RETURN_IF_ERROR(boot.all_min(ok, &all_ok));
-  // Phase 2: the coordinator accepts them and learns their ranks.
+  // Phase 2: the coordinator admits the workers that prove the key
+  // (tcp_handshake.h) and learns their ranks.
+  std::string refused;
   if (rank == 0 && all_ok) {
-    for (int i = 1; i < size && ok; ++i) {
-      struct pollfd pf[2] = {{listen_fd, POLLIN, 0}, {unix_fd, POLLIN, 0}};
-      if (poll(pf, unix_fd >= 0 ? 2 : 1, static_cast<int>(opt.connect_timeout_s * 1000)) < 1) {
-        ok = 0;
-        break;
-      }
-      const bool is_unix = !(pf[0].revents & POLLIN);
-      int fd = accept(is_unix ? unix_fd : listen_fd, nullptr, nullptr);
-      int32_t who = -1;
-      if (fd < 0) {
-        ok = 0;
-        break;
-      }
-      SetNonBlocking(fd);
-      SetNoDelay(fd);
-      if (!ReadAll(fd, reinterpret_cast<char*>(&who), 4, opt.connect_timeout_s) || who <= 0 ||
-          who >= size) {
-        close(fd);
-        ok = 0;
-        break;
-      }
+    std::vector<AcceptedPeer> accepted;
+    if (!AcceptWorkers(listen_fd, unix_fd, size, ControlKey(opt.secret, session_key),
+                       opt.connect_timeout_s, &accepted, &refused)) {
+      ok = 0;
+    }
+    for (const AcceptedPeer& a : accepted) {
       TcpControl::Peer p;
-      p.fd = fd;
-      p.rank = who;
+      p.fd = a.fd;
+      p.rank = a.rank;
+      SetNonBlocking(p.fd);
       peers.push_back(std::move(p));
-      via_unix.push_back(is_unix);
+      via_unix.push_back(a.via_unix);
     }
   }
   // Phase 3: shared memory for the workers on this host (shm_ring.h).  Rank
@@ -524,7 +529,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     for (auto& p : peers) close(p.fd);
     return Status::Internal(
         "could not connect every worker to the coordinator over TCP (coordinator advertised '" +
-        info + "')");
+        shown + "')" + (refused.empty() ? "" : ": " + refused));
   }
   *out = std::make_unique<TcpControl>(std::move(peers));
   return Status::OK();

@@ -15,6 +15,12 @@
 // back to loopback TCP, then to the advertised addresses.  If any worker cannot connect, every rank learns it through
 // the bootstrap and the caller falls back to MPI messages.
 //
+// Admission: a worker's first bytes prove that it belongs to the job
+// (tcp_handshake.h); the coordinator reads no message from a connection that
+// has not, and no connection stalls the others.  Rank 0 listens on loopback
+// when every rank is on its host, on `ifname`'s address when one is given,
+// else on every interface; the listening sockets close once all workers are in.
+//
 // Framing: each message is a 4-byte little-endian length and the bytes.
 // Sockets are non-blocking; unsent bytes wait in a per-peer buffer flushed
 // whenever the channel is polled.
@@ -42,6 +48,11 @@ struct TcpOptions {
   double connect_timeout_s = 30.0;
   // Same-host workers exchange bytes through shared memory (shm_ring.h).
   bool shared_memory = true;
+  // The job's secret (LaunchEnv::secret; may be empty), mixed into the
+  // handshake key with the session key rank 0 broadcasts.
+  std::string secret;
+  // Every rank runs on rank 0's host: listen on loopback only.
+  bool loopback_only = false;
 };
 
 // Connects every rank (collective).  On failure returns a non-OK status on

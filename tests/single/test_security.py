@@ -1,0 +1,177 @@
+"""The job's secret and the checks of the launchers' HTTP endpoints, one
+check at a time (no job): tfhvd/runner/secret.py, guarded_http.py, the
+rendezvous store and the ssh command line.  tests/integration/test_security.py
+probes running jobs."""
+
+import hashlib
+import http.client
+import io
+import os
+import socket
+import time
+
+import pytest
+
+from tfhvd.runner import secret as sec
+from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
+from tfhvd.runner.gloo.workers import remote_command
+
+SECRET = "the job's secret"
+
+
+def _send(port, method, path, body=b"", headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+@pytest.fixture
+def server():
+    log = io.StringIO()
+    srv = RendezvousServer("127.0.0.1", secret=SECRET, log=log)
+    srv.start()
+    srv.log = log
+    yield srv
+    srv.stop()
+
+
+def test_the_job_secret_is_the_users_or_a_fresh_one():
+    assert sec.job_secret({"TFHVD_SECRET_KEY": "a", "HOROVOD_SECRET_KEY": "b"}) == "a"
+    assert sec.job_secret({"HOROVOD_SECRET_KEY": "b"}) == "b"
+    one, two = sec.job_secret({}), sec.job_secret({})
+    assert one != two and len(one) == 64
+    assert sec.secret_env("s") == {"TFHVD_SECRET_KEY": "s", "HOROVOD_SECRET_KEY": "s"}
+
+
+def test_signed_requests_are_served(server):
+    kv_put("127.0.0.1", server.port, "s", "k", b"v", secret=SECRET)
+    assert kv_get("127.0.0.1", server.port, "s", "k", secret=SECRET) == b"v"
+    assert kv_get("127.0.0.1", server.port, "s", "none", secret=SECRET) is None
+    assert server.refused == 0 and server.log.getvalue() == ""
+
+
+def test_a_request_without_the_secret_is_refused_and_nothing_is_kept(server):
+    assert _send(server.port, "PUT", "/s/k", os.urandom(1000))[0] == 403
+    wrong = sec.sign_request("another secret", "PUT", "/s/k", b"v")
+    assert _send(server.port, "PUT", "/s/k", b"v", wrong)[0] == 403
+    assert server.store.scopes() == {}
+    server.store.put("s", "k", b"secret address")
+    assert _send(server.port, "GET", "/s/k")[0] == 403
+    assert _send(server.port, "GET", "/s/k", headers=sec.sign_request(
+        "another secret", "GET", "/s/k"))[0] == 403
+    assert _send(server.port, "DELETE", "/s")[0] == 403
+    assert server.store.scopes() == {"s": 1}
+
+
+def test_a_signature_covers_method_path_and_body(server):
+    good = sec.sign_request(SECRET, "PUT", "/s/k", b"v")
+    assert _send(server.port, "PUT", "/s/other", b"v", good)[0] == 403  # another path
+    good = sec.sign_request(SECRET, "PUT", "/s/k", b"v")
+    assert _send(server.port, "POST", "/s/k", b"v", good)[0] in (403, 501)  # another method
+    good = sec.sign_request(SECRET, "PUT", "/s/k", b"v")
+    assert _send(server.port, "PUT", "/s/k", b"w", good)[0] == 400  # another body
+    assert server.store.scopes() == {}
+
+
+def test_a_replayed_or_stale_request_is_refused(server):
+    headers = sec.sign_request(SECRET, "PUT", "/s/k", b"v")
+    assert _send(server.port, "PUT", "/s/k", b"v", headers)[0] == 200
+    assert _send(server.port, "PUT", "/s/k", b"v", headers)[0] == 403  # replayed
+    stamp, nonce = str(int(time.time() - 2 * sec.MAX_SKEW_S)), "ab" * 16
+    digest = hashlib.sha256(b"v").hexdigest()
+    old = {sec.AUTH_HEADER: "%s:%s:%s" % (stamp, nonce, sec._mac(SECRET, "PUT", "/s/k", stamp,
+                                                                 nonce, digest)),
+           sec.BODY_HASH_HEADER: digest}
+    assert _send(server.port, "PUT", "/s/k", b"v", old)[0] == 403
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server):
+    # A stranger announcing 10 GB gets 403 at once (its body is never read).
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"PUT /s/k HTTP/1.1\r\nContent-Length: 10000000000\r\n\r\n" + b"x" * 1000)
+        assert s.recv(100).startswith(b"HTTP/1.0 403")
+    # A signed body over the cap (here 1000 bytes): 413.
+    srv = RendezvousServer("127.0.0.1", secret=SECRET, log=io.StringIO())
+    srv.start()
+    try:
+        srv._server.max_body = 1000
+        body = b"x" * 1001
+        assert _send(srv.port, "PUT", "/s/k", body, sec.sign_request(
+            SECRET, "PUT", "/s/k", body))[0] == 413
+        assert srv.store.scopes() == {}
+    finally:
+        srv.stop()
+
+
+def test_a_slow_client_is_cut_off_and_others_are_served_meanwhile(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+        start = time.monotonic()
+        closed = None
+        for ch in b"PUT /s/k HTTP/1.1\r\nHost: x\r\n":
+            try:
+                s.sendall(bytes([ch]))
+            except OSError:
+                closed = time.monotonic() - start
+                break
+            s.settimeout(1.0)
+            try:
+                if s.recv(1) == b"":
+                    closed = time.monotonic() - start
+                    break
+            except socket.timeout:
+                pass
+            # The slow client holds no one up.
+            kv_put("127.0.0.1", server.port, "s", "k%d" % ch, b"v", secret=SECRET, timeout=2)
+        assert closed is not None and closed < 8, closed
+
+
+def test_a_flood_of_connections_is_capped_and_the_secret_holder_gets_through(server):
+    server._server.max_connections = 20
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+             for _ in range(60)]
+    try:
+        time.sleep(0.3)
+        # Beyond the cap, connections are closed at once, without a thread.
+        closed = 0
+        for s in socks[20:]:
+            s.settimeout(2)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == 40
+        # The flood's connections time out (5 s) and a signed client's retry gets in.
+        kv_put("127.0.0.1", server.port, "s", "k", b"v", secret=SECRET, timeout=5)
+        assert server.store.items("s") == {"k": b"v"}
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_refusals_are_logged_once_then_counted(server):
+    for _ in range(5):
+        assert _send(server.port, "PUT", "/s/k", b"v")[0] == 403
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(os.urandom(5000) + b"\r\n\r\n")
+        s.recv(100)
+    assert server.log.getvalue().count("refused a request") == 1, server.log.getvalue()
+    assert "(no signature)" in server.log.getvalue()
+    server.stop()
+    assert "refused 6 requests in all" in server.log.getvalue(), server.log.getvalue()
+
+
+def test_an_ssh_command_line_never_carries_the_secret():
+    env = {"PATH": "/usr/bin", "TFHVD_SECRET_KEY": "s3cr3t", "HOROVOD_SECRET_KEY": "s3cr3t",
+           "HOROVOD_RANK": "1"}
+    argv = remote_command(["ssh"], "node2", ["python", "train.py"], env, "/work")
+    assert not any("s3cr3t" in a for a in argv), argv
+    assert "IFS= read -r TFHVD_SECRET_KEY" in argv[-1]
+    assert "HOROVOD_RANK=1" in argv[-1]
+    # The shell line reads the secret from stdin into both names.
+    import subprocess
+
+    inner = argv[-1].split(" && exec ")[0].replace("cd /work && ", "")
+    out = subprocess.run(["sh", "-c", inner + ' && echo "$TFHVD_SECRET_KEY/$HOROVOD_SECRET_KEY"'],
+                         input="s3cr3t\n", capture_output=True, text=True)
+    assert out.stdout.strip() == "s3cr3t/s3cr3t", out
