@@ -25,7 +25,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi gloo java test-engines gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
+.PHONY: setup mpi gloo openssl java test-engines gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
 	skip-report-reset test-core test-single test-parallel test-parallel-np4 test-integration \
 	test-elastic test-docs clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
@@ -48,7 +48,7 @@ GPU_ENV := PYTHON=$(abspath $(PY)) PYTHONPATH=$(abspath $(GPU_DEPS)) TFHVD_GPU_O
 GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -name '*.cc' -o -name '*.h' -o -name '*.cu' \
 	-o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name 'gpu_config.py' -o -name 'build_device_code.py')
 
-setup: mpi gloo java $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
+setup: mpi gloo openssl java $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
 mpi:
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then \
@@ -58,6 +58,19 @@ mpi:
 	      openmpi-bin libopenmpi-dev >/dev/null; \
 	  else \
 	    echo "OpenMPI is missing: run 'sudo apt-get install -y openmpi-bin libopenmpi-dev'"; exit 1; \
+	  fi; \
+	fi
+
+# OpenSSL's libcrypto (Debian's libssl-dev): HMAC-SHA256 that authenticates
+# a job's requests and control connections (docs/security.md).  Required.
+openssl:
+	@if [ ! -f /usr/include/openssl/hmac.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "== installing OpenSSL's libcrypto headers from Debian packages"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      libssl-dev >/dev/null; \
+	  else \
+	    echo "OpenSSL's libcrypto is missing: run 'sudo apt-get install -y libssl-dev'"; exit 1; \
 	  fi; \
 	fi
 
@@ -144,6 +157,7 @@ test-core: setup
 	@echo "== core tests (no TensorFlow): 1, 2 and 3 processes"
 	$(TIMEOUT) $(BUILD_DIR)/tfhvd_core_test
 	$(TIMEOUT) $(BUILD_DIR)/tfhvd_autotune_test
+	$(TIMEOUT) $(BUILD_DIR)/tfhvd_handshake_test
 	$(TIMEOUT) $(MPIRUN) -np 2 $(BUILD_DIR)/tfhvd_core_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_core_test
 	@echo "== Adasum over MPI exchanges (no TensorFlow): 2, 3 and 4 processes"

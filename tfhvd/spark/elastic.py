@@ -37,7 +37,7 @@ from tfhvd.runner.elastic.discovery import HostDiscovery, HostManager
 from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, node_address, \
+from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, engine_bind, node_address, \
     own_session, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
 from tfhvd.spark.output import DriverOutput, RankOutput
@@ -46,6 +46,7 @@ LOST_AFTER_S = 8.0     # an agent silent this long is lost
 COOLDOWN_S = (1, 4)    # a failed worker's host sits out this long (seconds)
 _WATCH_S = 0.25        # how often the driver reads registrations, beats and reports
 
+from tfhvd.runner.secret import secret_env
 
 def _scopes(job: str) -> Dict[str, str]:
     return {k: "%s-%s" % (job, k) for k in ("agents", "beats", "cmd", "reports", "kill")}
@@ -74,8 +75,10 @@ def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
         os.environ.update(saved)
 
 
-def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str]) -> Callable:
-    """The function each Spark task runs (sent to the executors)."""
+def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
+           secret: str) -> Callable:
+    """The function each Spark task runs (sent to the executors, with the
+    job's secret in its closure: the agent signs its requests with it)."""
 
     def run_partition(_rows):
         from pyspark import TaskContext
@@ -97,6 +100,7 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str]) 
                 except OSError:
                     time.sleep(1.0)  # the driver is gone or busy: the command loop decides
                 n += 1
+        os.environ.update(secret_env(secret))
 
         threading.Thread(target=beat, daemon=True, name="tfhvd-spark-beat").start()
         fn, args, kwargs = cloudpickle.loads(payload)
@@ -177,14 +181,15 @@ class _SparkElasticJob:
         self.results: Dict[str, Tuple[int, Any]] = {}
         self.errors: Dict[str, str] = {}
         self.spark_error: Optional[BaseException] = None
-        self.rendezvous = RendezvousServer(LOOPBACK if self.local else "0.0.0.0")
+        bind = LOOPBACK if self.local else engine_bind(self.addr)
+        self.rendezvous = RendezvousServer(bind)
         self.port = self.rendezvous.start()
         self.world_scopes = WorldScopes(self.rendezvous.store, "%s-gloo" % self.job)
         self.driver = ElasticDriver(HostManager(_SparkAgents(self), COOLDOWN_S), np=np_,
                                     min_np=min_np, max_np=max_np, spawn=self._spawn,
                                     terminate=self._terminate, timeout=elastic_timeout,
                                     reset_limit=reset_limit, world_env=self.world_scopes)
-        self.service = ElasticService(self.driver, LOOPBACK if self.local else "0.0.0.0")
+        self.service = ElasticService(self.driver, bind, secret=self.rendezvous.secret)
         self.output = DriverOutput(self.rendezvous.store, self.job, stdout, stderr, timestamp)
 
     # ---- the driver's callbacks -------------------------------------------
@@ -260,7 +265,8 @@ class _SparkElasticJob:
 
     def _spark_job(self) -> None:
         host = LOOPBACK if self.local else None
-        task = _agent(self.payload, self.addr, self.port, self.job, host)
+        task = _agent(self.payload, self.addr, self.port, self.job, host,
+                      self.rendezvous.secret)
         self.sc.setJobGroup(self.job, "tfhvd.spark.run_elastic: up to %d ranks" % self.max_np,
                             interruptOnCancel=True)
         try:
