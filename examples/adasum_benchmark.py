@@ -26,6 +26,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     rng = np.random.RandomState(hvd.rank())
     rows = []
     for kib in args.sizes_kib:

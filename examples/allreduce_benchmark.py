@@ -195,6 +195,12 @@ def idle_interference(rounds: int, reps: int) -> None:
         COMM.Barrier()
         off.append(raw_median())
         hvd.init()
+        # One GPU per process, its memory grown as needed (no-op without GPUs).
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
         hvd.allreduce(tf.ones([4]), name="warm")  # the runtime has run, now idles
         time.sleep(0.2)
         COMM.Barrier()
@@ -219,6 +225,12 @@ def main() -> None:
                    help="the size of --eager-breakdown's tensor, in KiB")
     args = p.parse_args()
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     if hvd.rank() == 0:
         print("tfhvd %s, %d ranks, TensorFlow %s, %s" % (hvd.__version__, hvd.size(),
                                                         tf.__version__, MPI.Get_library_version().splitlines()[0]))

@@ -108,6 +108,13 @@ def main() -> None:
     parser.add_argument("--tasks", default="mlp,digits")
     args = parser.parse_args()
     hvd.init()
+    import tensorflow as tf
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     makers = {"mlp": mlp_task, "digits": digits_task}
     tasks = [makers[t](hvd.rank(), hvd.size()) for t in args.tasks.split(",")]
     results = {(t["name"], m): [] for t in tasks for m in MODES}

@@ -58,6 +58,12 @@ def init_with(env: Dict[str, str]) -> None:
         os.environ.pop(k, None)
     os.environ.update(env)
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
 
 def make_step(n: int):

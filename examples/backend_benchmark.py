@@ -49,6 +49,13 @@ def worker_allreduce(reps: int) -> None:
     import tfhvd.tensorflow as hvd
 
     hvd.init()
+    import tensorflow as tf
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     out: Dict[str, float] = {}
     for n in SIZES:
         x = tf.constant(np.ones(n // 4, np.float32))

@@ -127,6 +127,13 @@ def train(epochs: int = 6, batch_size: int = 32, seed: int = 7,
     import tfhvd.keras as hvd
 
     hvd.init()
+    import tensorflow as tf
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     ready = time.time()
     keras.utils.set_random_seed(seed)
     digits = load_digits()

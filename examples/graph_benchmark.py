@@ -293,6 +293,12 @@ def reinit(graph_inline: str) -> None:
     hvd.shutdown()
     os.environ["TFHVD_GRAPH_INLINE"] = graph_inline
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
 
 def compare_inline(reps: int, rounds: int) -> None:
@@ -417,6 +423,12 @@ def main() -> None:
                         "in the same processes (re-initialising tfhvd between them)")
     args = p.parse_args()
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     if args.probe_64:
         _, many, _, _ = collective_cases(1)[1]
         for _ in range(args.probe_64):

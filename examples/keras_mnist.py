@@ -21,6 +21,7 @@ import tempfile
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import tfhvd.keras as hvd  # tfhvd (1/3)
 
@@ -75,6 +76,12 @@ def main():
     args = parser.parse_args()
 
     hvd.init()  # tfhvd (2/3)
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     keras.utils.set_random_seed(1234)
 
     (x_train, y_train), (x_test, y_test) = load_data(args.data)

@@ -100,6 +100,13 @@ def main(argv=None):
     import tfhvd.keras as hvd
 
     hvd.init()
+    import tensorflow as tf
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     if args.late_arrival:
         return late_arrival(tf, hvd)
     rank, size = hvd.rank(), hvd.size()

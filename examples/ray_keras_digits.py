@@ -24,6 +24,13 @@ def train(epochs: int, batch_size: int, lr: float, elastic: bool = False) -> dic
     import tfhvd.keras as hvd
 
     hvd.init()
+    import tensorflow as tf
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     keras.utils.set_random_seed(1234)
     digits = load_digits()
     x = (digits.images.astype("float32") / 16.0)[..., None]

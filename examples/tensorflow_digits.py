@@ -25,6 +25,12 @@ def main() -> None:
     args = parser.parse_args()
 
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     tf.random.set_seed(1234 + hvd.rank())  # different initial weights per rank...
 
     digits = load_digits()
