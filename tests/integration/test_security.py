@@ -1,5 +1,5 @@
 """Running jobs against an outsider (probe.py): a 2-rank ``tfhvdrun --gloo``
-job and an elastic job (the Spark ``run_elastic`` job is in test_spark.py).
+job, an elastic job and a Spark ``run_elastic`` job (Spark in local mode).
 
 The probe knows nothing of the job: it finds the launcher's listening ports
 in /proc and sends unsigned and forged requests, random bytes, a body
@@ -13,10 +13,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
+import engine_jobs
 import probe
 from jobs import clean_env, tfhvdrun
 
@@ -159,3 +161,43 @@ def test_os_environ_of_a_rank_is_not_its_command_line(tmp_path):
     proc.communicate(timeout=60)
     assert len(key) == 64
     assert not any(key.encode() in c for c in cmdlines)
+
+
+def test_a_spark_run_elastic_job_refuses_an_outsider_and_finishes(tmp_path, capfd):
+    """The driver's rendezvous store (the agents' channel: registrations,
+    heartbeats, commands, reports) and elastic service, probed while the
+    agents register and the workers train."""
+    pytest.importorskip("pyspark", reason="tfhvd.spark needs the [spark] extra")
+    from pyspark.sql import SparkSession
+
+    import tfhvd.spark
+
+    engine_jobs.by_value(engine_jobs)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false") \
+        .config("spark.python.worker.reuse", "false").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    box = {}
+    before = set(probe.listening_ports(os.getpid()))
+
+    def outsider():
+        box["ports"] = probe.wait_for_ports(os.getpid(), 2, exclude=before)
+        box["seen"] = {p: probe.probe_http("127.0.0.1", p) for p in box["ports"]}
+
+    thread = threading.Thread(target=outsider, daemon=True)
+    thread.start()
+    try:
+        results = tfhvd.spark.run_elastic(engine_jobs.elastic_training,
+                                          args=(str(tmp_path), 60), num_proc=2, min_np=2,
+                                          max_np=2, start_timeout=120, elastic_timeout=120)
+        thread.join(timeout=60)
+    finally:
+        session.stop()
+    err = capfd.readouterr().err
+    assert [(r["batch"], r["weight"], r["size"]) for r in results] == [(60, 60.0, 2)] * 2
+    assert set(box["ports"].values()) == {"127.0.0.1"}, box
+    assert len(box["seen"]) == 2, box
+    for port_seen in box["seen"].values():
+        _check_refused(port_seen)
+    assert err.count("the rendezvous server refused a request") == 1, err
+    assert err.count("the elastic driver's service refused a request") == 1, err
