@@ -109,6 +109,10 @@ compile_all() {
 extra_libs=()
 if grep -qs "openssl/" "$OPS"/core/*.cc "$OPS"/core/*.h "$OPS"/backends/tcp/*; then
   extra_libs+=(-lcrypto)
+  if ! echo '#include <openssl/hmac.h>' | "$CXX" -E -x c++ - >/dev/null 2>&1; then
+    say "device check: the core needs OpenSSL's headers and libcrypto (apt-get install libssl-dev)"
+    exit 2
+  fi
 fi
 link() {
   "$CXX" -o "$BUILD/tfhvd_nccl_harness" "$BUILD"/obj/*.o "$CUDART" "$NCCL_LIB" -ldl -lpthread \
