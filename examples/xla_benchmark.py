@@ -2,10 +2,11 @@
 
     mpirun -np 2 python examples/xla_benchmark.py
 
-For two models, the ``make demo`` CNN on scikit-learn's digits
-(examples/keras_mnist.py) and the synthetic-benchmark CNN on 32x32x3 random
-images (examples/keras_synthetic_benchmark.py), it builds four copies from the
-same weights:
+For three models, the ``make demo`` CNN on scikit-learn's digits
+(examples/keras_mnist.py), the synthetic-benchmark CNN on 32x32x3 random
+images (examples/keras_synthetic_benchmark.py), and a deep narrow MLP (many
+small ops, where XLA is faster than TensorFlow's kernels even on a CPU), it
+builds four copies from the same weights:
 
 * ``tfhvd xla``: ``hvd.DistributedOptimizer``, ``jit_compile=True`` (the train
   step split into compiled parts around the reduction, docs/keras.md);
@@ -38,8 +39,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7, help="turns of each copy")
     p.add_argument("--steps", type=int, default=0,
-                   help="batches per turn (0: 120 for the digits CNN, 30 for the synthetic)")
-    p.add_argument("--tasks", default="digits,synthetic")
+                   help="batches per turn (0: 120 digits CNN, 30 synthetic CNN, 200 MLP)")
+    p.add_argument("--tasks", default="digits,synthetic,mlp")
     p.add_argument("--threads", type=int, default=1,
                    help="TensorFlow intra- and inter-op threads per rank (0: TF's default)")
     return p.parse_args(argv)
@@ -68,6 +69,23 @@ def synthetic_task(keras: Any, tf: Any, rank: int, size: int) -> Dict[str, Any]:
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
     return dict(name="synthetic CNN 32x32x3", batch=batch, steps=30, data=data,
                 build=lambda: build_model(keras, "cnn", 32),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.01)
+
+
+def mlp_task(keras: Any, tf: Any, rank: int, size: int) -> Dict[str, Any]:
+    """A deep narrow MLP: many small ops, where XLA's fusion beats TensorFlow's per-op
+    dispatch even on a CPU (the two CNNs are slower with XLA on this machine)."""
+    batch = 64
+    x = tf.random.uniform([batch * 16, 32], seed=rank)
+    y = tf.random.uniform([batch * 16], maxval=10, dtype=tf.int32, seed=rank)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+
+    def build():
+        return keras.Sequential([keras.Input((32,))]
+                                + [keras.layers.Dense(64, activation="relu") for _ in range(8)]
+                                + [keras.layers.Dense(10)])
+
+    return dict(name="MLP 32-64x8-10", batch=batch, steps=200, data=data, build=build,
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.01)
 
 
@@ -172,7 +190,8 @@ def main(argv=None) -> int:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    makers: Dict[str, Callable] = {"digits": digits_task, "synthetic": synthetic_task}
+    makers: Dict[str, Callable] = {"digits": digits_task, "synthetic": synthetic_task,
+                                   "mlp": mlp_task}
     results = {}
     for key in args.tasks.split(","):
         task = makers[key](keras, tf, hvd.rank(), hvd.size())
