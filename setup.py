@@ -103,7 +103,8 @@ def requirements(tf: Optional[Tuple[str, str]]) -> Tuple[List[str], Dict[str, Li
         "test": ["pytest>=8.0", "mpi4py>=3.1", "scikit-learn>=1.3", tf_keras],
         # The cluster-engine launchers tfhvd.ray and tfhvd.spark.
         "ray": ["ray>=2.10"],
-        "spark": ["pyspark>=3.5"],
+        # pyarrow and fsspec: the Keras Estimator's Parquet reader and Stores.
+        "spark": ["pyspark>=3.5", "pyarrow>=14", "fsspec>=2023.1"],
     }
     return [tf_req] + BASE_REQUIREMENTS, extras
 
