@@ -242,3 +242,22 @@ def test_custom_train_step_with_its_own_collective_falls_back_with_a_warning():
     kc.assert_ranks_identical(pair["everyone"])
     for a, b in zip(pair["xla"]["weights"], pair["plain"]["weights"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+class AutoOnGpu(keras.Sequential):
+    """Keras's "auto" as it resolves on a machine with a GPU (it means off on a CPU)."""
+
+    def _resolve_auto_jit_compile(self):
+        return True
+
+
+def test_jit_compile_auto_resolved_on_is_split():
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return AutoOnGpu([keras.Input((kc.FEATURES,)),
+                          keras.layers.Dense(kc.CLASSES, activation="softmax")])
+
+    result = _fit(OPTIMIZERS["sgd_momentum"], "auto", epochs=1, build=build)
+    step = xla_split.step_of(result["model"])
+    assert result["model"].jit_compile is True and not result["warnings"], result["warnings"]
+    assert step is not None and step.split is True
