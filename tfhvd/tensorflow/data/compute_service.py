@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
@@ -44,6 +45,8 @@ from tfhvd.runner.compute_service import LOOPBACK, ComputeClient
 log = logging.getLogger(__name__)
 
 SIDES = ("compute", "training")
+# How long a compute rank waits for its tf.data worker to stop at shutdown.
+STOP_WAIT_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +156,25 @@ def start_and_register_dispatcher(dispatchers: int, dispatcher_index: int,
     return server
 
 
-def _stop(server: Any) -> None:
-    server.stop() if hasattr(server, "stop") else server._stop()
-    server.join()
+def _stop(server: Any, wait_s: Optional[float] = None) -> bool:
+    """Stops a tf.data server; with ``wait_s``, waits that long at most.
+
+    A worker whose task still asks a dispatcher that has gone for its next
+    split does not stop before ``dispatcher_timeout_ms``; the bounded stop
+    leaves it to the process's exit instead (the thread keeps the server
+    referenced, so no finalizer blocks on it meanwhile).  True when stopped.
+    """
+    def stop() -> None:
+        server.stop() if hasattr(server, "stop") else server._stop()
+        server.join()
+
+    if wait_s is None:
+        stop()
+        return True
+    thread = threading.Thread(target=stop, name="tfhvd-data-service-stop", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    return not thread.is_alive()
 
 
 def _training_size() -> int:
@@ -264,9 +283,13 @@ def compute_worker_fn(compute_config: TfDataServiceConfig,
     try:
         compute.wait_for_shutdown()
     finally:
-        _stop(worker)
+        stopped = _stop(worker, STOP_WAIT_S)
         if dispatcher is not None:
             _stop(dispatcher)
-    log.info("compute rank %d: worker %s stopped", index, worker_address)
+    if stopped:
+        log.info("compute rank %d: worker %s stopped", index, worker_address)
+    else:
+        log.warning("compute rank %d: worker %s stopped serving; its tasks still wait for "
+                    "their dispatcher and end with this process", index, worker_address)
     return {"rank": index, "dispatcher": dispatcher_index, "dispatcher_address": address,
             "worker_address": worker_address}
