@@ -207,3 +207,34 @@ def prints() -> int:
     sys.stderr.write("a warning from rank %d\n" % hvd.rank())
     sys.stdout.write("no newline %d" % hvd.rank())
     return hvd.rank()
+
+
+def elastic_raising(mark_dir: str, batches: int, raise_ranks: List[int], at_batch: int) -> Dict:
+    """``elastic_training``'s shape, where each rank of ``raise_ranks`` (ranks of
+    the first world) raises once at ``at_batch`` (a file in ``mark_dir`` says
+    it did), ending its worker; the sizes each batch ran at are returned."""
+    import tensorflow as tf
+
+    import tfhvd.tensorflow as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(batch=0, weight=0.0, sizes=[])
+
+    @hvd.elastic.run
+    def loop(state):
+        while state.batch < batches:
+            mark = os.path.join(mark_dir, "raised%d" % hvd.rank())
+            if state.batch == at_batch and hvd.rank() in raise_ranks and \
+                    not os.path.exists(mark):
+                with open(mark, "w") as f:
+                    f.write("1")
+                raise RuntimeError("rank %d's deliberate failure" % hvd.rank())
+            state.weight += float(hvd.allreduce(tf.constant(1.0), op=hvd.Average))
+            state.sizes.append(hvd.size())
+            state.batch += 1
+            state.commit()
+            time.sleep(0.15)
+        return {"batch": state.batch, "weight": state.weight, "size": hvd.size(),
+                "sizes": list(state.sizes)}
+
+    return loop(state)

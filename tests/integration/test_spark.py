@@ -183,3 +183,26 @@ def test_elastic_failure_names_the_rank_and_arguments_are_checked():
         tfhvd.spark.run_elastic(jobs.fails_on_rank_one, num_proc=2, min_np=2, max_np=2,
                                 reset_limit=0, elastic_timeout=20)
     assert "rank one's deliberate failure" in str(info.value), str(info.value)
+
+
+def test_elastic_rank_that_raises_comes_back_as_a_retried_task():
+    """Spark retries the failed task (local-cluster's default maxFailures, no
+    exclusion): the new attempt is a new host, the job grows back to 2."""
+    with tempfile.TemporaryDirectory() as d:
+        results = tfhvd.spark.run_elastic(jobs.elastic_raising, args=(d, 40, [1], 5),
+                                          num_proc=2, min_np=1, max_np=2, start_timeout=60,
+                                          elastic_timeout=60)
+    assert len(results) == 2, results
+    assert all(r["batch"] == 40 and r["size"] == 2 for r in results), results
+    assert 1 in results[0]["sizes"] and results[0]["sizes"][-1] == 2, results[0]["sizes"]
+
+
+def test_elastic_exception_on_every_rank_has_horovods_message():
+    with tempfile.TemporaryDirectory() as d:
+        with pytest.raises(RuntimeError, match="^Horovod detected that one or more processes "
+                                               "exited with non-zero status") as info:
+            tfhvd.spark.run_elastic(jobs.elastic_raising, args=(d, 20, [0, 1], 2), num_proc=2,
+                                    min_np=1, max_np=2, elastic_timeout=20)
+    assert isinstance(info.value, WorkerError)
+    assert "deliberate failure" in str(info.value), str(info.value)
+

@@ -8,9 +8,15 @@ with Spark tasks in place of hosts' slots:
   *agent*: it registers on the driver's rendezvous server (host and process
   id), sends a heartbeat every second, and waits for commands there
   (long polls, no busy waiting).
-* Discovery: a host has as many slots as it has live agents.  A retried task
-  registers again and brings its slot back; an agent whose heartbeat stops
-  for :data:`LOST_AFTER_S` seconds is lost, and so is the worker it ran.
+* Discovery: as in Horovod, every attempt of every task is a host of one
+  slot (:func:`task_host`).  A host whose worker failed is blacklisted for the
+  rest of the job, so the job goes on smaller (down to ``min_np``); a retried
+  task is a new attempt, a new host, and brings the capacity back, when
+  Spark retries it (``spark.task.maxFailures``, and its exclusion settings,
+  ``spark.excludeOnFailure.*``, allow the executor or node).  An agent whose
+  heartbeat stops for :data:`LOST_AFTER_S` seconds is lost, and so is the
+  worker it ran.  A failed job raises a WorkerError whose message starts
+  with Horovod's :data:`FAILED_MESSAGE`.
 * The driver's ``spawn`` sends an idle agent on the worker's host the
   worker's environment; the agent runs ``fn`` in its own process (whose
   ``hvd.elastic.run`` talks to the driver as under tfhvdrun) and reports the
@@ -40,13 +46,24 @@ from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, engine_bind, node_address, \
     own_session, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
+from tfhvd.runner.secret import secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
 
 LOST_AFTER_S = 8.0     # an agent silent this long is lost
-COOLDOWN_S = (1, 4)    # a failed worker's host sits out this long (seconds)
 _WATCH_S = 0.25        # how often the driver reads registrations, beats and reports
+# How a failed job's error starts: Horovod's words, which its programs match.
+FAILED_MESSAGE = "Horovod detected that one or more processes exited with non-zero status"
 
-from tfhvd.runner.secret import secret_env
+
+def task_host(node: str, partition: int, attempt: int) -> str:
+    """The elastic host of one attempt of one Spark task: ``node/tP.A``.
+
+    As in Horovod's elastic Spark jobs, every task attempt is a host of its
+    own: a host whose worker failed is blacklisted for the rest of the job,
+    and only Spark brings the capacity back, by retrying the task (a new
+    attempt, a new host) where its exclusion settings allow."""
+    return "%s/t%d.%d" % (node, partition, attempt)
+
 
 def _scopes(job: str) -> Dict[str, str]:
     return {k: "%s-%s" % (job, k) for k in ("agents", "beats", "cmd", "reports", "kill")}
@@ -83,11 +100,14 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
     def run_partition(_rows):
         from pyspark import TaskContext
 
+        os.environ.update(secret_env(secret))
         ctx = TaskContext.get()
         me = "%d.%d" % (ctx.partitionId(), ctx.attemptNumber())
         sc = _scopes(job)
+        # Each attempt of each task is a host of its own (Horovod's model).
         kv_put(addr, port, sc["agents"], me, json.dumps(
-            {"host": host or node_address(), "pid": os.getpid()}).encode())
+            {"host": task_host(host or node_address(), ctx.partitionId(),
+                               ctx.attemptNumber()), "pid": os.getpid()}).encode())
         stopped = threading.Event()
 
         def beat() -> None:
@@ -100,7 +120,6 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
                 except OSError:
                     time.sleep(1.0)  # the driver is gone or busy: the command loop decides
                 n += 1
-        os.environ.update(secret_env(secret))
 
         threading.Thread(target=beat, daemon=True, name="tfhvd-spark-beat").start()
         fn, args, kwargs = cloudpickle.loads(payload)
@@ -126,6 +145,11 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
                 kv_put(addr, port, sc["reports"], "%s.%d" % (me, n),
                        cloudpickle.dumps((wid, status, rank, value)))
                 n += 1
+                if status == "failed":
+                    # As Horovod's tasks do: the task fails, and Spark decides
+                    # whether (and where) a new attempt, a new host, runs.
+                    raise RuntimeError("tfhvd.spark: the worker of this task (rank %d) failed; "
+                                       "failing the task so that Spark may retry it" % rank)
         finally:
             stopped.set()
         yield me
@@ -185,7 +209,7 @@ class _SparkElasticJob:
         self.rendezvous = RendezvousServer(bind)
         self.port = self.rendezvous.start()
         self.world_scopes = WorldScopes(self.rendezvous.store, "%s-gloo" % self.job)
-        self.driver = ElasticDriver(HostManager(_SparkAgents(self), COOLDOWN_S), np=np_,
+        self.driver = ElasticDriver(HostManager(_SparkAgents(self), None), np=np_,
                                     min_np=min_np, max_np=max_np, spawn=self._spawn,
                                     terminate=self._terminate, timeout=elastic_timeout,
                                     reset_limit=reset_limit, world_env=self.world_scopes)
@@ -294,7 +318,11 @@ class _SparkElasticJob:
             self.service.stop()
             self.rendezvous.stop()
         with self.lock:
-            return job_outcome("spark", error, dict(self.errors), dict(self.results))
+            try:
+                return job_outcome("spark", error, dict(self.errors), dict(self.results))
+            except WorkerError as e:
+                raise WorkerError("%s: %s" % (FAILED_MESSAGE, e), e.rank,
+                                  e.worker_traceback) from None
 
     def _stop_agents(self, spark: threading.Thread) -> None:
         """Tells every agent to stop (kills those still running a worker) and

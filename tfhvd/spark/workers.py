@@ -16,6 +16,7 @@ deep inside unpickling.  :func:`prepare_workers`:
 """
 
 import os
+import re
 import sys
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
@@ -80,6 +81,22 @@ FIX = ("Make Spark's Python workers run a Python that has tfhvd and the driver's
        "it, e.g. PYSPARK_PYTHON=%s")
 
 
+def spark_reason(text: str) -> str:
+    """The informative line of a Spark job's error (py4j's first line only
+    names the call): the stage failure, else a Python exception line, else a
+    ``Caused by``, else the first line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    found = []
+    for pattern in (r"Job aborted due to stage failure", r"^[\w.]*(Error|Exception): ",
+                    r"^Caused by: "):
+        hit = next((ln for ln in lines if re.search(pattern, ln)), None)
+        if hit and hit not in found:
+            found.append(hit)
+        if len(found) == 2:
+            break
+    return " / ".join(found) if found else (lines[0] if lines else "")
+
+
 def _local(master: str) -> bool:
     return master.startswith("local")
 
@@ -100,9 +117,7 @@ def prepare_workers(sc: Any, what: str, check: bool = True) -> Iterator[str]:
             try:
                 worker = sc.parallelize([0], 1).mapPartitions(_probe()).collect()[0]
             except Exception as e:  # noqa: BLE001 - the worker Python could not run it
-                first = str(e).strip().splitlines()
-                reason = next((ln for ln in first if "Error" in ln or "error" in ln),
-                              first[0] if first else type(e).__name__)
+                reason = spark_reason(str(e)) or type(e).__name__
                 raise RuntimeError(
                     "tfhvd.spark.%s: Spark's Python workers (%s) could not run a probe task: "
                     "%s. %s" % (what, interpreter, reason.strip()[:500],

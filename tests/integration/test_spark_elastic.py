@@ -1,0 +1,63 @@
+"""tfhvd.spark.run_elastic with Horovod's host model, where Spark's exclusion
+settings (spark.excludeOnFailure.*) keep a failed task from coming back and
+too few hosts remain: Horovod's error, promptly.  A driver process of its own
+(a process holds one SparkContext) on local-cluster[2,1,1024], with both
+executors on this one node."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DRIVER = r"""
+import json, os, sys, tempfile, time
+sys.path.insert(0, %(here)r)
+from pyspark.sql import SparkSession
+import engine_jobs as jobs
+import tfhvd.spark
+
+jobs.by_value(jobs)
+spark = SparkSession.builder.master("local-cluster[2,1,1024]") \
+    .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
+    .config("spark.python.worker.reuse", "false") \
+    .config("spark.excludeOnFailure.enabled", "true") \
+    .config("spark.excludeOnFailure.task.maxTaskAttemptsPerExecutor", "1") \
+    .config("spark.excludeOnFailure.task.maxTaskAttemptsPerNode", "1") \
+    .getOrCreate()
+spark.sparkContext.setLogLevel("OFF")
+out = {}
+with tempfile.TemporaryDirectory() as d:
+    # Rank 1 raises once, min_np=2, and Spark may not run its task again on
+    # this node: too few hosts, an error with Horovod's words.
+    t0 = time.monotonic()
+    try:
+        tfhvd.spark.run_elastic(jobs.elastic_raising, args=(d, 30, [1], 5), num_proc=2,
+                                min_np=2, max_np=2, start_timeout=60, elastic_timeout=10)
+        out["too_few"] = {"error": None}
+    except RuntimeError as e:
+        out["too_few"] = {"error": str(e), "type": type(e).__name__,
+                          "seconds": time.monotonic() - t0}
+spark.stop()
+print("OUTCOME " + json.dumps(out), flush=True)
+"""
+
+
+def test_excluded_failed_task_too_few_hosts_is_horovods_error():
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    r = subprocess.run([sys.executable, "-c", DRIVER % {"here": HERE}], env=env,
+                       capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("OUTCOME ")), None)
+    assert line is not None, (r.stdout + r.stderr)[-5000:]
+    out = json.loads(line[len("OUTCOME "):])
+    too_few = out["too_few"]
+    assert too_few["error"], too_few
+    assert too_few["error"].startswith("Horovod detected that one or more processes exited "
+                                       "with non-zero status"), too_few
+    # Either the driver's wait for slots ends (elastic_timeout) or Spark aborts the
+    # stage whose task can run nowhere; both name what happened.
+    assert "timed out after 10 s" in too_few["error"] or \
+        "the Spark job of the agents failed" in too_few["error"], too_few
+    assert "rank 1's deliberate failure" in too_few["error"], too_few
+    assert too_few["type"] == "WorkerError" and too_few["seconds"] < 90, too_few
