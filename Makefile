@@ -233,7 +233,8 @@ test-integration: setup
 	  --ignore=tests/integration/test_elastic_programs.py \
 	  --ignore=tests/integration/test_ray.py --ignore=tests/integration/test_spark.py \
 	  --ignore=tests/integration/test_spark_env.py --ignore=tests/integration/test_spark_elastic.py \
-	  --ignore=tests/integration/test_spark_keras.py --ignore=tests/integration/test_data_service_spark.py
+	  --ignore=tests/integration/test_spark_keras.py --ignore=tests/integration/test_data_service_spark.py \
+	  --ignore=tests/integration/test_ray_multinode.py
 
 # Elastic jobs over Gloo on loopback "hosts" (127.0.0.x): hosts added and
 # removed, SIGKILL, raise, all failing, --min-np timeout, reset limit,
@@ -255,7 +256,8 @@ test-elastic: setup
 test-engines: setup
 	@echo "== Ray and Spark launchers on local engines"
 	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider \
-	  tests/integration/test_ray.py tests/integration/test_spark.py tests/integration/test_spark_env.py \
+	  tests/integration/test_ray.py tests/integration/test_ray_multinode.py \
+	  tests/integration/test_spark.py tests/integration/test_spark_env.py \
 	  tests/integration/test_spark_elastic.py tests/integration/test_spark_keras.py \
 	  tests/integration/test_data_service_spark.py
 
