@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ROOT
 
 MODULES = {"tfhvd.tensorflow", "tfhvd.tensorflow.keras", "tfhvd.keras",
-           "tfhvd.tensorflow.mpi_ops", "tfhvd.common.util"}
+           "tfhvd.tensorflow.mpi_ops", "tfhvd.common.util", "tfhvd.spark", "tfhvd.ray"}
 MEMBER_KINDS = ("method", "property", "attribute")
 
 DOC = os.path.join(ROOT, "docs", "COMPATIBILITY.md")
@@ -58,6 +58,7 @@ def test_the_file_lists_the_modules():
             "get_local_and_global_gradients") in names
     assert ("tfhvd.tensorflow.mpi_ops", "_basics._get_process_set_ids_and_ranks") in names
     assert ("tfhvd.tensorflow.keras", "DistributedOptimizer()._compute_gradients") in names
+    assert ("tfhvd.ray", "BaseHorovodWorker.start_executable") in names
     assert len(MEMBERS) > 60
 
 
