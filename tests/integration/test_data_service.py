@@ -106,3 +106,15 @@ def test_compute_service_listens_on_loopback(tmp_path):
     assert compute.returncode == 0, compute_out[-4000:]
     assert oct(os.stat(cfg).st_mode & 0o777) == oct(0o600)
     assert wait_gone(pids_matching(cfg), timeout=20) == []
+
+
+def test_example_with_training_side_dispatcher():
+    """examples/tensorflow_data_service.py as docs/data-service.md runs it
+    (one epoch): both ranks train, the compute job ends, nothing remains."""
+    job = run([sys.executable, os.path.join(ROOT, "examples", "tensorflow_data_service.py"),
+               "--dispatcher-side", "training", "--epochs", "1"], timeout=420)
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        assert re.search(r"rank %d: accuracy [\d.]+ after 1 epochs" % r, job.out), job.explain()
+    assert "training done: rank 0 accuracy" in job.out, job.explain()
+    assert wait_gone(pids_matching("tfhvd_data_service_"), timeout=20) == []

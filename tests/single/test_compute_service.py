@@ -117,7 +117,7 @@ def test_loopback_and_signed_requests_only(key):
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 403
         wrong = ComputeClient(service.addresses(), secrets.token_bytes(32))
-        with pytest.raises(Exception):
+        with pytest.raises(PermissionError, match="refused the request .HTTP 403."):
             wrong.shutdown()
         assert ComputeClient(service.addresses(), key).is_running()
     finally:
@@ -137,3 +137,23 @@ def test_bad_sizes(key):
         ComputeService(0, 1, key)
     with pytest.raises(ValueError, match="workers per dispatcher must be larger than 0"):
         ComputeService(1, 0, key)
+
+
+def test_released_dispatcher_ends_its_workers_wait_only(key):
+    service = ComputeService(2, 1, key)
+    try:
+        client = ComputeClient(service.addresses(), key)
+        waiters = [started(client.wait_for_shutdown, i) for i in range(2)]
+        client.release_dispatcher(1)
+        waiters[1][0].join(10)
+        assert not waiters[1][0].is_alive()
+        assert waiters[0][0].is_alive()  # dispatcher 0's worker still serves
+        assert not client.wait_for_workers_stopped(1, 0.3)
+        client.register_worker_stopped(1, 1)
+        assert client.wait_for_workers_stopped(1, 2)
+        assert client.is_running()
+        client.shutdown()
+        waiters[0][0].join(10)
+        assert not waiters[0][0].is_alive()
+    finally:
+        service.shutdown()

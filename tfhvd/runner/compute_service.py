@@ -18,7 +18,12 @@ they share; it knows no TensorFlow:
    (:meth:`ComputeClient.wait_for_dispatcher_worker_registration`), then reads;
 5. when training is done someone asks for shutdown
    (:meth:`ComputeClient.shutdown`); the compute ranks, blocked in
-   :meth:`ComputeClient.wait_for_shutdown`, stop their servers and end.
+   :meth:`ComputeClient.wait_for_shutdown`, stop their workers, report it
+   (:meth:`ComputeClient.register_worker_stopped`) and end; a dispatcher
+   stops only after its workers did (:meth:`ComputeClient.wait_for_workers_stopped`),
+   and a training-side dispatcher first releases its workers
+   (:meth:`ComputeClient.release_dispatcher`).  A tf.data worker whose
+   dispatcher has gone cannot stop before its retries time out, hence the order.
 
 The service is an HTTP server (:class:`tfhvd.runner.guarded_http.GuardedServer`)
 that answers only requests signed with the job's key
@@ -118,6 +123,8 @@ class ComputeService:
         self._fault_tolerant = fault_tolerant
         self._addresses: List[Optional[str]] = [None] * dispatchers
         self._workers: List[Set[int]] = [set() for _ in range(dispatchers)]
+        self._stopped: List[Set[int]] = [set() for _ in range(dispatchers)]
+        self._released: Set[int] = set()
         self._shutdown = False
         self._cond = threading.Condition()
         self._nic, host = service_host(nics)
@@ -192,15 +199,33 @@ class ComputeService:
                     lambda: len(self._workers[i]) >= self._workers_per_dispatcher,
                     req, "workers for dispatcher %d to register" % i, "workers")
                 return {"done": done}
+            if op == "release":
+                self._released.add(self._check_id(req["dispatcher_id"]))
+                self._cond.notify_all()
+                return {}
+            if op == "worker_stopped":
+                i = self._check_id(req["dispatcher_id"])
+                self._stopped[i].add(int(req["worker_id"]))
+                self._cond.notify_all()
+                return {}
+            if op == "wait_stopped":
+                i = self._check_id(req["dispatcher_id"])
+                done = self._wait(
+                    lambda: len(self._stopped[i]) >= self._workers_per_dispatcher,
+                    req, "workers of dispatcher %d to stop" % i, "workers")
+                return {"done": done}
             if op == "shutdown":
                 self._shutdown = True
                 self._cond.notify_all()
                 return {}
             if op == "wait_shutdown":
+                # A worker's wait also ends when its dispatcher is released.
+                mine = req.get("dispatcher_id")
+                over = lambda: self._shutdown or mine in self._released  # noqa: E731
                 end = time.monotonic() + POLL_S
-                while not self._shutdown and time.monotonic() < end:
+                while not over() and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
-                return {"done": self._shutdown}
+                return {"done": over()}
             if op == "state":
                 return {"shutdown": self._shutdown}
         raise ValueError("unknown request %r" % op)
@@ -244,6 +269,9 @@ class ComputeClient:
             try:
                 with urllib.request.urlopen(req, timeout=timeout) as resp:
                     answer = json.loads(resp.read().decode())
+            except urllib.error.HTTPError as e:
+                raise PermissionError("%s at %s:%d refused the request (HTTP %d): is the key the "
+                                      "one of its config?" % (NAME, host, port, e.code)) from None
             except (urllib.error.URLError, OSError) as e:
                 last = e
                 continue
@@ -281,17 +309,41 @@ class ComputeClient:
         self._wait("wait_workers", {"dispatcher_id": dispatcher_id}, timeout)
 
     def shutdown(self) -> None:
-        """Asks the compute ranks to stop their servers and end."""
-        self._send("shutdown", {})
+        """Asks the compute ranks to stop their servers and end (nothing to
+        do when the service is gone: the compute job has ended already)."""
+        try:
+            self._send("shutdown", {})
+        except ConnectionError:
+            pass
 
-    def wait_for_shutdown(self) -> None:
-        """Blocks until shutdown is asked for, or the service is gone."""
+    def wait_for_shutdown(self, dispatcher_id: Optional[int] = None) -> None:
+        """Blocks until shutdown is asked for (or ``dispatcher_id`` is
+        released, see :meth:`release_dispatcher`), or the service is gone."""
         while True:
             try:
-                if self._send("wait_shutdown", {}).get("done"):
+                if self._send("wait_shutdown", {"dispatcher_id": dispatcher_id}).get("done"):
                     return
             except ConnectionError:
                 return
+
+    def release_dispatcher(self, dispatcher_id: int) -> None:
+        """Tells the workers of a dispatcher that is about to stop to stop
+        first (a tf.data worker whose dispatcher has gone cannot stop until
+        its retries time out)."""
+        self._send("release", {"dispatcher_id": dispatcher_id})
+
+    def register_worker_stopped(self, dispatcher_id: int, worker_id: int) -> None:
+        """Records that worker ``worker_id`` of the dispatcher has stopped."""
+        self._send("worker_stopped", {"dispatcher_id": dispatcher_id, "worker_id": worker_id})
+
+    def wait_for_workers_stopped(self, dispatcher_id: int, timeout: float) -> bool:
+        """Waits until every worker of the dispatcher has stopped; False after
+        ``timeout`` seconds or when the service is gone."""
+        try:
+            self._wait("wait_stopped", {"dispatcher_id": dispatcher_id}, timeout)
+            return True
+        except (TimeoutException, ConnectionError):
+            return False
 
     def is_running(self) -> bool:
         """False once shutdown was asked for or the service is gone."""

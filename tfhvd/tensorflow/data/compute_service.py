@@ -188,8 +188,9 @@ def tf_data_service(compute_config: TfDataServiceConfig, rank: int) -> Iterator[
     """The address of the dispatcher that training rank ``rank`` reads from.
 
     With ``dispatcher_side="training"`` the dispatcher runs in this job: in
-    every rank when there is one per rank, else in rank 0; it stops when the
-    block ends.  With one dispatcher for all ranks, the ranks meet at a
+    every rank when there is one per rank, else in rank 0; when the block
+    ends it releases its compute workers, waits (``timeout``) until they
+    stopped, then stops.  With one dispatcher for all ranks, the ranks meet at a
     barrier when the block ends normally, so rank 0 does not stop it while
     another rank still reads.  Either way the block starts once the
     dispatcher and all of its workers are registered.
@@ -212,6 +213,12 @@ def tf_data_service(compute_config: TfDataServiceConfig, rank: int) -> Iterator[
             barrier()
     finally:
         if server is not None:
+            # Its workers stop first: one whose dispatcher has gone cannot.
+            try:
+                compute.release_dispatcher(dispatcher_id)
+            except ConnectionError:
+                pass
+            compute.wait_for_workers_stopped(dispatcher_id, compute_config.timeout)
             _stop(server)
 
 
@@ -281,10 +288,15 @@ def compute_worker_fn(compute_config: TfDataServiceConfig,
     log.info("compute rank %d: worker %s serves dispatcher %d at %s", index, worker_address,
              dispatcher_index, address)
     try:
-        compute.wait_for_shutdown()
+        compute.wait_for_shutdown(dispatcher_index)
     finally:
         stopped = _stop(worker, STOP_WAIT_S)
+        try:
+            compute.register_worker_stopped(dispatcher_index, index)
+        except ConnectionError:
+            pass
         if dispatcher is not None:
+            compute.wait_for_workers_stopped(dispatcher_index, compute_config.timeout)
             _stop(dispatcher)
     if stopped:
         log.info("compute rank %d: worker %s stopped", index, worker_address)
