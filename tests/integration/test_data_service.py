@@ -59,6 +59,9 @@ def test_two_ranks_read_from_two_compute_workers(tmp_path, side, dispatchers, re
         train = run(tfhvdrun() + ["--gloo", "-np", "2", sys.executable, TRAIN, cfg, str(out),
                                   "--n", str(N)] + (["--reuse"] if reuse else []), timeout=420)
         assert train.rc == 0, train.explain()
+        # A training-side dispatcher that stopped before its workers leaves
+        # them retrying (and the training rank waiting) for --timeout (240 s).
+        assert train.seconds < 200, train.explain()
         compute_out = finish(compute, 90)
     finally:
         stop(compute)
