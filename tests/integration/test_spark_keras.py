@@ -59,7 +59,8 @@ def scaled_loss(y_true, y_pred):
 
 
 class StartWeights(keras.callbacks.Callback):
-    """Saves the weights rank 0 starts training from (a user callback)."""
+    """Saves the weights and the optimizer's step count rank 0 starts training
+    from (a user callback)."""
 
     def __init__(self, path):
         super().__init__()
@@ -68,7 +69,8 @@ class StartWeights(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         import tfhvd.tensorflow as hvd
         if hvd.rank() == 0:
-            np.savez(self.path, *self.model.get_weights())
+            np.savez(self.path, *self.model.get_weights(),
+                     iterations=int(np.asarray(self.model.optimizer.iterations)))
 
 
 def reference_training(train_dir: str, config: dict, weights: list, epochs: int) -> list:
@@ -164,12 +166,16 @@ def test_columns_validation_callbacks_custom_objects_and_resume(spark, tmp_path)
     assert "label__output" in pred.columns and pred.count() == ROWS
 
     # The same run id: training resumes from the run's checkpoint (with the
-    # custom loss from custom_objects), here on the Parquet already written.
-    resumed = KerasEstimator(epochs=1, callbacks=[StartWeights(begin)], **common)
+    # custom loss from custom_objects), here on the Parquet already written:
+    # the first fit's weights and its optimizer's 3 steps (48 rows / 8 / 2),
+    # not the model and optimizer given here.
+    resumed = KerasEstimator(optimizer=keras.optimizers.Adam(0.01), epochs=1,
+                             callbacks=[StartWeights(begin)], **common)
     km2 = resumed.fit_on_parquet()
     started = np.load(begin)
     for i, w in enumerate(first):
         np.testing.assert_allclose(started["arr_%d" % i], w, atol=1e-7)
+    assert int(started["iterations"]) == 3
     assert not np.allclose(km2.getModel().get_weights()[0], first[0])
 
     # Validation by fraction.
