@@ -171,7 +171,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     group = "tfhvd-" + scope
     sc.setJobGroup(group, "tfhvd.spark.run: %d ranks" % n, interruptOnCancel=True)
     if verbose >= 2:
-        print("tfhvd.spark: %d ranks, rendezvous at %s:%d" % (n, driver_host, port))
+        print("tfhvd.spark: %d ranks, rendezvous at %s:%d"
+              % (n, LOOPBACK if local else driver_host, port))
     output = DriverOutput(server.store, scope, stdout, stderr,
                           prefix_output_with_timestamp).start()
     try:
