@@ -77,6 +77,12 @@ def train_fn_compute_side(config, epochs: int = 4, reuse_dataset: bool = False) 
     from tfhvd.tensorflow.data.compute_service import send_to_data_service  # noqa: F401
 
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     dataset = digits_dataset().send_to_data_service(config, hvd.rank(), hvd.size(),
                                                     reuse_dataset=reuse_dataset)
     return fit(dataset.prefetch(tf.data.AUTOTUNE), epochs)
@@ -90,6 +96,12 @@ def train_fn_training_side(config, epochs: int = 4, reuse_dataset: bool = False)
     from tfhvd.tensorflow.data.compute_service import tf_data_service
 
     hvd.init()
+    # One GPU per process, its memory grown as needed (no-op without GPUs).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     with tf_data_service(config, hvd.rank()) as dispatcher_address:
         dataset = digits_dataset().apply(tf.data.experimental.service.distribute(
             processing_mode="distributed_epoch", service=dispatcher_address,

@@ -389,7 +389,7 @@ Status CreateTcpControl(int rank, int size, const TcpBootstrap& boot, const TcpO
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
     std::vector<std::string> advertised = LocalAddresses(opt.ifname);
-    if (opt.loopback_only) {
+    if (opt.loopback_only && opt.ifname.empty()) {
       advertised = {"127.0.0.1"};
       addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     } else if (!opt.ifname.empty() && !advertised.empty()) {

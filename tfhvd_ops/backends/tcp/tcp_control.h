@@ -51,7 +51,8 @@ struct TcpOptions {
   // The job's secret (LaunchEnv::secret; may be empty), mixed into the
   // handshake key with the session key rank 0 broadcasts.
   std::string secret;
-  // Every rank runs on rank 0's host: listen on loopback only.
+  // Every rank runs on rank 0's host: listen on loopback only, unless the
+  // user named an interface (ifname), whose addresses are then advertised.
   bool loopback_only = false;
 };
 
