@@ -1,6 +1,6 @@
 """tfhvd.spark.run_elastic with Horovod's host model, where Spark's exclusion
 settings (spark.excludeOnFailure.*) keep a failed task from coming back and
-too few hosts remain: Horovod's error, promptly.  A driver process of its own
+too few hosts remain, or every host is lost: Horovod's error, promptly.  A driver process of its own
 (a process holds one SparkContext) on local-cluster[2,1,1024], with both
 executors on this one node."""
 
@@ -39,12 +39,32 @@ with tempfile.TemporaryDirectory() as d:
     except RuntimeError as e:
         out["too_few"] = {"error": str(e), "type": type(e).__name__,
                           "seconds": time.monotonic() - t0}
+with tempfile.TemporaryDirectory() as d:
+    # Every host lost: both ranks' processes are killed mid-training and Spark
+    # may run neither task again here.  An error, promptly, never a hang.
+    import threading
+
+    def kill_both():
+        for pid in jobs.wait_pids(d, 2):
+            jobs.kill(pid)
+
+    killer = threading.Thread(target=kill_both, daemon=True)
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        tfhvd.spark.run_elastic(jobs.elastic_training, args=(d, 200), num_proc=2, min_np=1,
+                                max_np=2, start_timeout=60, elastic_timeout=20)
+        out["all_lost"] = {"error": None}
+    except RuntimeError as e:
+        out["all_lost"] = {"error": str(e), "type": type(e).__name__,
+                           "seconds": time.monotonic() - t0}
+    killer.join(timeout=5)
 spark.stop()
 print("OUTCOME " + json.dumps(out), flush=True)
 """
 
 
-def test_excluded_failed_task_too_few_hosts_is_horovods_error():
+def test_too_few_or_no_hosts_left_is_horovods_error_promptly():
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     r = subprocess.run([sys.executable, "-c", DRIVER % {"here": HERE}], env=env,
                        capture_output=True, text=True, timeout=600)
@@ -61,3 +81,8 @@ def test_excluded_failed_task_too_few_hosts_is_horovods_error():
         "the Spark job of the agents failed" in too_few["error"], too_few
     assert "rank 1's deliberate failure" in too_few["error"], too_few
     assert too_few["type"] == "WorkerError" and too_few["seconds"] < 90, too_few
+    all_lost = out["all_lost"]
+    assert all_lost["error"], all_lost
+    assert all_lost["error"].startswith("Horovod detected that one or more processes exited "
+                                        "with non-zero status"), all_lost
+    assert all_lost["type"] == "WorkerError" and all_lost["seconds"] < 120, all_lost

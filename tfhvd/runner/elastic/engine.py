@@ -74,14 +74,15 @@ def job_outcome(engine: str, error: Optional[str], errors: Mapping[str, Any],
                 results: Mapping[str, Tuple[int, Any]]) -> List[Any]:
     """An engine's elastic job's return value: the finished workers' results in
     rank order, or a :class:`~tfhvd.runner.engines.WorkerError` raised for
-    ``error`` with the first failed worker's failure (``errors`` by worker)."""
+    ``error`` with the first failed worker's failure (``errors`` by worker, in
+    the order the failures were recorded)."""
     from tfhvd.runner.engines import WorkerError
 
     if error:
         detail = ""
         if errors:
-            wid = sorted(errors)[0]
-            detail = "; last failure, worker %s: %s" % (wid, errors[wid])
+            wid = next(iter(errors))  # in the order they were recorded: the first
+            detail = "; first failure, worker %s: %s" % (wid, errors[wid])
         raise WorkerError("tfhvd.%s elastic job failed: %s%s" % (engine, error, detail), -1)
     return [v for _, v in sorted(results.values(), key=lambda rv: rv[0])]
 
