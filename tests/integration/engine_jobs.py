@@ -165,9 +165,11 @@ def pids_matching(word: str) -> List[int]:
     return out
 
 
-def elastic_training(pid_dir: str, batches: int) -> Dict:
+def elastic_training(pid_dir: str, batches: int, hold_until: str = "") -> Dict:
     """An elastic job's shape: one allreduce and a commit per batch; the
-    state (batch, weight, resets seen) survives a lost worker."""
+    state (batch, weight, resets seen) survives a lost worker.  With
+    ``hold_until``, each rank then waits (at most 120 s) for that file, so
+    the job's servers outlive a probe however slow the machine."""
     import tensorflow as tf
 
     import tfhvd.tensorflow as hvd
@@ -191,6 +193,9 @@ def elastic_training(pid_dir: str, batches: int) -> Dict:
         return {"batch": state.batch, "weight": state.weight, "size": hvd.size()}
 
     out = loop(state)
+    deadline = time.monotonic() + 120
+    while hold_until and not os.path.exists(hold_until) and time.monotonic() < deadline:
+        time.sleep(0.2)
     out["resets"] = len(resets)
     out["own_session"] = os.getsid(0) == os.getpid()
     return out

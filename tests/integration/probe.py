@@ -159,4 +159,6 @@ def probe_http(addr: str, port: int) -> Dict[str, object]:
     seen["huge_claim_s"] = time.monotonic() - t
     slow.join(timeout=30)
     seen["flood"] = flood(addr, port)
+    # The server outlived the flood: a stranger is still answered (and refused).
+    seen["after_flood"] = request(addr, port, "GET", "/init0/rank_0?wait_ms=0")
     return seen

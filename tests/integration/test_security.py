@@ -22,7 +22,18 @@ import engine_jobs
 import probe
 from jobs import clean_env, tfhvdrun
 
-PROGRAM = textwrap.dedent("""
+# The job outlives the probe, however slow the machine: each rank waits
+# (at most 120 s) for the test to say the probe is done, so every attempt,
+# the flood last, meets a running server.
+HOLD = textwrap.dedent("""
+    import os, time
+    def _hold_until_probed():
+        deadline = time.monotonic() + 120
+        while not os.path.exists("probe_done") and time.monotonic() < deadline:
+            time.sleep(0.2)
+""")
+
+PROGRAM = HOLD + textwrap.dedent("""
     import os, sys, time
     import tensorflow as tf
     import tfhvd.tensorflow as hvd
@@ -32,10 +43,11 @@ PROGRAM = textwrap.dedent("""
     for step in range(40):
         total += float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
         time.sleep(0.2)
-    print("RESULT rank %d total %.1f" % (hvd.rank(), total))
+    print("RESULT rank %d total %.1f" % (hvd.rank(), total), flush=True)
+    _hold_until_probed()
 """)
 
-ELASTIC_PROGRAM = textwrap.dedent("""
+ELASTIC_PROGRAM = HOLD + textwrap.dedent("""
     import time
     import tensorflow as tf
     import tfhvd.tensorflow as hvd
@@ -51,7 +63,8 @@ ELASTIC_PROGRAM = textwrap.dedent("""
             time.sleep(0.2)
         return state.total
 
-    print("RESULT rank %d total %.1f" % (hvd.rank(), train(state)))
+    print("RESULT rank %d total %.1f" % (hvd.rank(), train(state)), flush=True)
+    _hold_until_probed()
 """)
 
 
@@ -63,6 +76,7 @@ def _check_refused(seen):
     assert seen["huge_claim_s"] < 5, seen        # refused before the 10 GB were read
     assert seen["slow_s"] < 9, seen              # the 5 s head timeout, not 12 s
     assert seen["flood"] > 0, seen
+    assert seen["after_flood"] == 403, seen
 
 
 def _run_probed(cmd, n_ports, tmp_path, env=None):
@@ -71,6 +85,7 @@ def _run_probed(cmd, n_ports, tmp_path, env=None):
     try:
         ports = probe.wait_for_ports(proc.pid, n_ports)
         seen = {port: probe.probe_http("127.0.0.1", port) for port in ports}
+        (tmp_path / "probe_done").write_text("")
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -183,12 +198,14 @@ def test_a_spark_run_elastic_job_refuses_an_outsider_and_finishes(tmp_path, capf
     def outsider():
         box["ports"] = probe.wait_for_ports(os.getpid(), 2, exclude=before)
         box["seen"] = {p: probe.probe_http("127.0.0.1", p) for p in box["ports"]}
+        (tmp_path / "probe_done").write_text("")
 
     thread = threading.Thread(target=outsider, daemon=True)
     thread.start()
     try:
         results = tfhvd.spark.run_elastic(engine_jobs.elastic_training,
-                                          args=(str(tmp_path), 60), num_proc=2, min_np=2,
+                                          args=(str(tmp_path), 60, str(tmp_path / "probe_done")),
+                                          num_proc=2, min_np=2,
                                           max_np=2, start_timeout=120, elastic_timeout=120)
         thread.join(timeout=60)
     finally:
