@@ -284,8 +284,8 @@ test-gpu-build: gpu-build
 	@echo "== GPU build checks (GPU machine: $(GPU_MACHINE))"
 	$(TIMEOUT) tests/gpu/check_device_code.sh $(PY) $(GPU_LIB) $(GPU_BUILD_DIR)/device-code-check
 	@# The copy/scale kernel's device code run on the host, against core/cpu_math.
-	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -o $(GPU_BUILD_DIR)/kernel_emulation_test \
-	  tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
+	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I tests/gpu/emulated_cuda \
+	  -o $(GPU_BUILD_DIR)/kernel_emulation_test tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
 	set -o pipefail; $(TIMEOUT) $(GPU_BUILD_DIR)/kernel_emulation_test | tail -n 3
 	$(CXX) -std=c++17 -O2 -Wall -o $(GPU_BUILD_DIR)/finalizer_test tests/gpu/finalizer_test.cc \
 	  tfhvd_ops/backends/nccl/finalizer.cc $(addprefix tfhvd_ops/core/,operations.cc adasum.cc \

@@ -6,7 +6,6 @@
 #include <sstream>
 #include <thread>
 
-#include "../../tfhvd_ops/backends/nccl/gpu_events.h"
 #include "../../tfhvd_ops/core/backend.h"
 #include "../../tfhvd_ops/core/c_api.h"
 #include "../../tfhvd_ops/core/runtime.h"

@@ -8,8 +8,8 @@
 // image each GPU generation loads.  No GPU needed; the GPU runs the same
 // code through tests/gpu/device_check.sh.
 //   kernel_emulation_test          (make test-gpu-build builds and runs it)
-// Last line: "N passed, M failed".
-#define TFHVD_KERNEL_EMULATION 1
+// Last line: "N passed, M failed".  Build it with -I tests/gpu/emulated_cuda
+// (host versions of the CUDA headers the kernel includes).
 #include "../../tfhvd_ops/cuda/gpu_kernels.cu"
 
 #include <cstdio>

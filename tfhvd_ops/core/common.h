@@ -117,6 +117,15 @@ class ReadyEvent {
   virtual void* handle() const = 0;   // e.g. a cudaEvent_t
 };
 
+// Records a ReadyEvent on `stream` (a cudaStream_t, or null for the legacy
+// default stream) of GPU `device`; the calling thread's current device is
+// left as it was.  An adapter records one on its compute stream when a
+// tensor is ready and attaches it to the tensor (Tensor::ready_event); the
+// device Collectives make their stream wait on it.  Declared here, defined
+// by the device backend a GPU build links (backends/nccl/gpu_events.cc), so
+// a framework adapter names no backend and includes no CUDA header.
+Status RecordReadyEvent(int device, void* stream, std::shared_ptr<ReadyEvent>* out);
+
 // A framework tensor, seen by the core as bytes plus metadata.
 class Tensor {
  public:

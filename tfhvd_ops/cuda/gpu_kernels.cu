@@ -9,16 +9,15 @@
 // (every fusion-buffer slot and TensorFlow allocation is), __restrict__
 // pointers when source and destination differ, and grids sized from the SM
 // count by the launcher.
-#if defined(TFHVD_KERNEL_EMULATION)
-// tests/gpu/kernel_emulation_test.cc runs this file on the host.
-#include "../../tests/gpu/kernel_emulation.h"
-#else
+//
+// tests/gpu/kernel_emulation_test.cc also runs this file on the host: its
+// build puts host versions of the three CUDA headers below first on the
+// include path, so nothing here knows about the test.
 #if !defined(__CUDACC_RTC__)
 #include <cuda_runtime.h>
 #endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#endif
 
 #include "gpu_kernels.h"
 

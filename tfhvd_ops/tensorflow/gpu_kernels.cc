@@ -18,8 +18,6 @@
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
 
-#include "../backends/nccl/gpu_events.h"
-
 namespace tensorflow {
 namespace tfhvd_kernels {
 namespace {

@@ -1,10 +1,12 @@
-#include "gpu_events.h"
-
+// The ready events core/common.h declares (RecordReadyEvent), for CUDA:
+// events taken from a per-device pool and returned to it when the last
+// reference goes.
 #include <cuda_runtime_api.h>
 
 #include <mutex>
 #include <vector>
 
+#include "../../core/common.h"
 #include "cuda_check.h"
 
 namespace tfhvd {

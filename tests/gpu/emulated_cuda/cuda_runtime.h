@@ -4,12 +4,17 @@
 // core/cpu_math.h.  The test runs every (block, thread) of a launch in turn;
 // the kernel's threads never read each other's elements, so that is the
 // same computation.
-#ifndef TFHVD_TESTS_GPU_KERNEL_EMULATION_H_
-#define TFHVD_TESTS_GPU_KERNEL_EMULATION_H_
+//
+// The build chooses this header: the emulation test is compiled with
+// -I tests/gpu/emulated_cuda, so the kernel's own <cuda_runtime.h>,
+// <cuda_fp16.h> and <cuda_bf16.h> resolve here (the last two are one-line
+// headers that include this one).  The shipped source names no test file.
+#ifndef TFHVD_TESTS_GPU_EMULATED_CUDA_RUNTIME_H_
+#define TFHVD_TESTS_GPU_EMULATED_CUDA_RUNTIME_H_
 
 #include <cstdint>
 
-#include "../../tfhvd_ops/core/cpu_math.h"
+#include "../../../tfhvd_ops/core/cpu_math.h"
 
 #define __global__
 #define __device__
@@ -38,4 +43,4 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   return __nv_bfloat16{tfhvd::FloatToBFloat16(f)};
 }
 
-#endif  // TFHVD_TESTS_GPU_KERNEL_EMULATION_H_
+#endif  // TFHVD_TESTS_GPU_EMULATED_CUDA_RUNTIME_H_

@@ -1,0 +1,2 @@
+// Host emulation of CUDA's cuda_fp16.h: the types live with the rest (cuda_runtime.h).
+#include "cuda_runtime.h"
