@@ -18,7 +18,7 @@ def clean_env(monkeypatch):
 
 
 @pytest.mark.parametrize("env,want", [
-    ({}, "600"),                                              # the default
+    ({}, "30"),                                               # the default
     ({"TFHVD_STALL_SHUTDOWN_TIME_SECONDS": "45"}, "45"),      # follows the stall shutdown
     ({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "45", "TFHVD_NCCL_TIMEOUT": "7.5"}, "7.5"),
     ({"HOROVOD_NCCL_TIMEOUT": "30"}, "30"),

@@ -147,7 +147,7 @@ struct BackendOptions {
   BackendChoice cpu_operations = BackendChoice::kAuto;
   LaunchEnv launch;
   int generation = 0;  // how many inits this process has done before this one
-  double device_timeout_s = 600.0;      // longest wait for device work (NCCL_TIMEOUT)
+  double device_timeout_s = 30.0;       // longest wait for device work (NCCL_TIMEOUT)
 };
 
 // Everything a runtime needs from its transports.

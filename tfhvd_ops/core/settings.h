@@ -87,8 +87,9 @@ struct Settings {
                                        // within nodes (NCCL), across them (MPI)
   // NCCL_TIMEOUT (seconds): the longest wait for GPU work (a collective, a
   // copy) before the job is ended; unset: the stall-shutdown time when set,
-  // else 600.
-  double nccl_timeout_s = 600.0;
+  // else 30, so that a lost peer ends a job within a minute (a healthy
+  // collective takes milliseconds once every rank has launched it).
+  double nccl_timeout_s = 30.0;
   BackendChoice controller = BackendChoice::kAuto;      // CONTROLLER: gloo|mpi
   BackendChoice cpu_operations = BackendChoice::kAuto;  // CPU_OPERATIONS: gloo|mpi
   LaunchEnv launch;

@@ -31,7 +31,7 @@
 //
 // Errors: every CUDA and NCCL result is checked and carries the library's
 // message, the rank and the GPU.  Every wait for the stream has a deadline
-// (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 600 s) and
+// (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 30 s) and
 // watches ncclCommGetAsyncError (the finalizer's watchdog, every 50 ms while
 // work is in flight; WaitStream on the loop's own few waits).  A failure that only this rank sees (a lost peer,
 // a timeout, a GPU mismatch, out of memory, a launch error) ends the job
