@@ -305,7 +305,8 @@ test-gpu-build: gpu-build
 	PYTHONPATH=$(abspath $(GPU_BUILD_DIR))/lib $(TEST_ENV) $(TIMEOUT) $(MPIRUN) \
 	  -np $(if $(filter 1,$(GPU_MACHINE)),$(if $(filter 0,$(GPU_COUNT)),1,$(GPU_COUNT)),2) \
 	  tests/parallel/run_rank.sh $(PY) -P -m pytest -q -rs --color=no -p no:cacheprovider \
-	  tests/gpu tests/parallel/test_collectives.py -k "gpu or test_allreduce"
+	  tests/gpu tests/parallel/test_collectives.py tests/single/test_kernel_registry.py \
+	  -k "gpu or test_allreduce"
 
 # On a GPU machine: every GPU test, one process and one process per GPU.
 test-gpu: gpu-build

@@ -10,9 +10,12 @@
 // its own stream wait on these events before it touches a tensor, and
 // synchronises its stream before the op's callback calls done().
 //
-// int32 tensors: TF keeps int32 inputs and outputs of GPU kernels in host
-// memory.  Such entries stay host entries (device -1) and go over MPI; every
-// rank does the same, so ranks agree.
+// Host or device memory is asked of TF per tensor (input_memory_type,
+// output_memory_type), never assumed from the dtype: where TF hands a GPU
+// kernel a tensor in host memory (an int32 in some executors, an argument
+// the registration declares HostMemory), that entry stays a host entry
+// (device -1) and goes over the CPU transport; every rank does the same, so
+// ranks agree.
 #include "kernels.h"
 
 #include "xla/stream_executor/stream.h"

@@ -1,5 +1,6 @@
 // CPU registrations of the collective kernels (kernels.h), and the kernels
-// that need no device: join, barrier and the topology queries.
+// that need no device (join, barrier and the topology queries), registered
+// for CPUs and GPUs.
 #include "kernels.h"
 
 namespace tensorflow {
@@ -60,16 +61,22 @@ class SetTopologyOp : public OpKernel {
   int id_ = 0;
 };
 
-#define TFHVD_SET_TOPOLOGY_KERNEL(CLASS, NAME, WHAT)                                \
+// Every kernel of this file also has a GPU registration, as Horovod gives
+// them: a TF1 graph that places them under tf.device('/gpu:0') without soft
+// placement runs.  Their outputs stay in host memory (TF would otherwise
+// hand out device memory and the kernels write it from the host).  The GPU
+// registrations cost nothing in a CPU build or a CPU-only TensorFlow.
+#define TFHVD_SET_TOPOLOGY_KERNEL(CLASS, NAME, OUT, WHAT)                           \
   class CLASS : public SetTopologyOp {                                             \
    public:                                                                         \
     explicit CLASS(OpKernelConstruction* c) : SetTopologyOp(c, WHAT) {}            \
   };                                                                               \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);                   \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_GPU).HostMemory(OUT), CLASS);
 
-TFHVD_SET_TOPOLOGY_KERNEL(SizeOp, "HorovodSize", kSize)
-TFHVD_SET_TOPOLOGY_KERNEL(RankOp, "HorovodRank", kRank)
-TFHVD_SET_TOPOLOGY_KERNEL(IncludedOp, "HorovodProcessSetIncluded", kIncluded)
+TFHVD_SET_TOPOLOGY_KERNEL(SizeOp, "HorovodSize", "size", kSize)
+TFHVD_SET_TOPOLOGY_KERNEL(RankOp, "HorovodRank", "rank", kRank)
+TFHVD_SET_TOPOLOGY_KERNEL(IncludedOp, "HorovodProcessSetIncluded", "included", kIncluded)
 
 // Local size and rank: synchronous scalars read from the runtime.
 class TopologyOp : public OpKernel {
@@ -88,16 +95,17 @@ class TopologyOp : public OpKernel {
   int (*get_)(const core::Topology&);
 };
 
-#define TFHVD_TOPOLOGY_KERNEL(CLASS, NAME, EXPR)                                   \
+#define TFHVD_TOPOLOGY_KERNEL(CLASS, NAME, OUT, EXPR)                              \
   class CLASS : public TopologyOp {                                                \
    public:                                                                         \
     explicit CLASS(OpKernelConstruction* c)                                        \
         : TopologyOp(c, [](const core::Topology& t) { return EXPR; }) {}           \
   };                                                                               \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_CPU), CLASS);                   \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE_GPU).HostMemory(OUT), CLASS);
 
-TFHVD_TOPOLOGY_KERNEL(LocalSizeOp, "HorovodLocalSize", t.local_size)
-TFHVD_TOPOLOGY_KERNEL(LocalRankOp, "HorovodLocalRank", t.local_rank)
+TFHVD_TOPOLOGY_KERNEL(LocalSizeOp, "HorovodLocalSize", "local_size", t.local_size)
+TFHVD_TOPOLOGY_KERNEL(LocalRankOp, "HorovodLocalRank", "local_rank", t.local_rank)
 
 // The benchmark reference of ops.cc: TensorFlow's own cost of an asynchronous node.
 class AsyncIdentityOp : public AsyncOpKernel {
@@ -120,6 +128,21 @@ REGISTER_KERNEL_BUILDER(Name("HorovodReducescatter").Device(DEVICE_CPU), Reduces
 REGISTER_KERNEL_BUILDER(Name("HorovodGroupedReducescatter").Device(DEVICE_CPU), ReducescatterOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodJoin").Device(DEVICE_CPU), JoinOp);
 REGISTER_KERNEL_BUILDER(Name("HorovodBarrier").Device(DEVICE_CPU), BarrierOp);
+
+// On a GPU, join and barrier leave the runtime to its own thread, which owns
+// the NCCL streams: while a rank is joined, its share of the other ranks'
+// GPU collectives runs there, never on a TF thread.
+template <class Op>
+class OnRuntimeThread : public Op {
+ public:
+  explicit OnRuntimeThread(OpKernelConstruction* c) : Op(c) {}
+
+ protected:
+  bool DriveOnCaller() const override { return false; }
+};
+REGISTER_KERNEL_BUILDER(Name("HorovodJoin").Device(DEVICE_GPU).HostMemory("output"),
+                        OnRuntimeThread<JoinOp>);
+REGISTER_KERNEL_BUILDER(Name("HorovodBarrier").Device(DEVICE_GPU), OnRuntimeThread<BarrierOp>);
 
 }  // namespace tfhvd_kernels
 }  // namespace tensorflow
