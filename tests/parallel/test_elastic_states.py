@@ -13,7 +13,7 @@ import tensorflow as tf
 import tfhvd.keras as hvdk
 import tfhvd.tensorflow as hvd
 from tfhvd.common import elastic as common_elastic
-from tfhvd.runner.elastic.worker import HostUpdateResult
+from tfhvd.common.elastic_worker import HostUpdateResult
 
 hvd.init()
 

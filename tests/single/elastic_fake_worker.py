@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from tfhvd.runner.elastic import worker as wk
+from tfhvd.common import elastic_worker as wk
 
 log_dir, behaviour = sys.argv[1], json.loads(sys.argv[2])
 wid = wk.worker_id()

@@ -13,7 +13,7 @@ import pytest
 from tfhvd.runner.elastic import discovery as disc
 from tfhvd.runner.elastic.driver import (RESET_LIMIT_MESSAGE, ElasticDriver, assign_members,
                                          topology)
-from tfhvd.runner.elastic.worker import HostUpdateResult
+from tfhvd.common.elastic_worker import HostUpdateResult
 from tfhvd.runner.hosts import HostError
 
 

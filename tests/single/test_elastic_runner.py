@@ -165,7 +165,7 @@ def test_the_driver_answers_only_its_workers():
     from tfhvd.runner.elastic import discovery as disc
     from tfhvd.runner.elastic.driver import ElasticDriver
     from tfhvd.runner.elastic.service import ElasticService
-    from tfhvd.runner.secret import sign_request
+    from tfhvd.common.secret import sign_request
 
     driver = ElasticDriver(disc.HostManager(disc.FixedHosts({"a": 1})), np=1, min_np=1,
                            max_np=None, spawn=lambda w, world: None, terminate=lambda w: None)

@@ -85,7 +85,7 @@ def test_library_backends_reads_the_built_library():
 
 
 def _signed(port: int, method: str, path: str, body: bytes = b"", secret: str = ""):
-    from tfhvd.runner.secret import sign_request
+    from tfhvd.common.secret import sign_request
 
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     c.request(method, path, body=body, headers=sign_request(secret, method, path, body))

@@ -6,6 +6,10 @@ functions and ``if TYPE_CHECKING`` blocks too, gives an edge from that module to
 the tfhvd module it names.  ``from pkg import name`` points at ``pkg.name`` when
 that is a module and at ``pkg`` otherwise; relative imports are resolved
 against the importing module's package.
+
+Importing ``a.b.c`` also runs the ``__init__`` of ``a`` and ``a.b``, so
+:func:`with_package_edges` adds an edge to each package above a target, except
+the importer's own packages (they are already running when it is imported).
 """
 
 import ast
@@ -64,6 +68,24 @@ def import_graph(src_root: str, package: str) -> Dict[str, Set[str]]:
         targets.discard(module)
         graph[module] = targets
     return graph
+
+
+def with_package_edges(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """``graph`` plus an edge from each module to every package above each of its
+    targets (their ``__init__`` runs first), but not to the importer's own
+    packages."""
+    out: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        edges = set(targets)
+        for target in targets:
+            parts = target.split(".")
+            for i in range(1, len(parts)):
+                package = ".".join(parts[:i])
+                if package in graph and package != module and \
+                        not module.startswith(package + "."):
+                    edges.add(package)
+        out[module] = edges
+    return out
 
 
 def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -139,6 +161,15 @@ def test_tfhvd_has_no_import_cycles():
     assert not cycles, "import cycles among tfhvd's modules (lazy imports count):\n" + _describe(cycles)
 
 
+def test_tfhvd_has_no_import_cycles_through_package_inits():
+    """The same, with the ``__init__`` of every package an import passes through."""
+    graph = with_package_edges(import_graph(ROOT, "tfhvd"))
+    assert "tfhvd.tensorflow" in graph["tfhvd._keras.api"]
+    cycles = find_cycles(graph)
+    assert not cycles, ("import cycles among tfhvd's modules through package __init__s:\n"
+                        + _describe(cycles))
+
+
 def _write(root, files: Dict[str, str]) -> None:
     for rel, text in files.items():
         path = os.path.join(str(root), rel)
@@ -179,3 +210,21 @@ def test_detector_keeps_package_edge_for_attributes(tmp_path):
     graph = import_graph(str(tmp_path), "pkg")
     assert graph["pkg.x"] == {"pkg"}
     assert find_cycles(graph) == [["pkg", "pkg.x", "pkg"]]
+
+
+def test_package_edges_close_cycles_through_an_init(tmp_path):
+    """A module that imports a sibling package's submodule depends on that
+    package's ``__init__``; an edge to the importer's own package is not added."""
+    _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low/__init__.py": "def late():\n    from pkg.high import face\n    return face\n",
+        "pkg/low/ops.py": "X = 1\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/face.py": "from pkg.low.ops import X\nfrom pkg.high import helper\n",
+        "pkg/high/helper.py": "",
+    })
+    graph = import_graph(str(tmp_path), "pkg")
+    assert find_cycles(graph) == []
+    full = with_package_edges(graph)
+    assert full["pkg.high.face"] == {"pkg.low.ops", "pkg.low", "pkg.high.helper"}
+    assert find_cycles(full) == [["pkg.high.face", "pkg.low", "pkg.high.face"]]

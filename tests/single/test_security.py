@@ -1,5 +1,5 @@
 """The job's secret and the checks of the launchers' HTTP endpoints, one
-check at a time (no job): tfhvd/runner/secret.py, guarded_http.py, the
+check at a time (no job): tfhvd/common/secret.py, guarded_http.py, the
 rendezvous store and the ssh command line.  tests/integration/test_security.py
 probes running jobs."""
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tfhvd.runner import secret as sec
+from tfhvd.common import secret as sec
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
 from tfhvd.runner.gloo.workers import remote_command
 

@@ -33,7 +33,7 @@ import queue
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from tfhvd.runner.elastic.worker import HostUpdateResult, WorkerNotificationManager
+from tfhvd.common.elastic_worker import HostUpdateResult, WorkerNotificationManager
 
 notification_manager = WorkerNotificationManager()
 

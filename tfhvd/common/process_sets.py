@@ -461,7 +461,7 @@ def _register_elastic(ps: ProcessSet, require_dynamic: bool) -> None:
 
 
 def _elastic_job() -> bool:
-    from tfhvd.runner.elastic import worker
+    from tfhvd.common import elastic_worker as worker
 
     return worker.in_elastic_job()
 

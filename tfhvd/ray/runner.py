@@ -43,7 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tfhvd.runner.engines import Bootstrap, WorkerError, call_as_rank, driver_endpoint, \
     engine_slots, rank_order, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.secret import secret_env
+from tfhvd.common.secret import secret_env
 from tfhvd.ray.worker import BaseHorovodWorker
 
 # After the first failure, how long other ranks' failures are awaited so that

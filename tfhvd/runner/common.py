@@ -21,8 +21,12 @@ module; it imports none of them, so none imports another's entry point.
   its launcher dies.
 * **Functions as jobs.** :func:`attach_payload` puts a pickled call into a
   rank's environment for :mod:`tfhvd.runner.task` (``tfhvd.run``).
+* **Worker names and topology.** :func:`worker_id` names a slot ``host:index``;
+  :func:`topology` gives each named worker, in rank order, its rank, local and
+  cross rank and sizes (the elastic driver's worlds, the engines' slots).
 * **Errors.** :class:`LaunchError` (the job cannot start; carries the exit
-  code) and :class:`RunError` (a ``tfhvd.run`` job failed).
+  code), :class:`RunError` (a ``tfhvd.run`` job failed) and
+  :class:`WorkerError` (a rank of a Ray or Spark job failed).
 
 Everything here but :func:`attach_payload` (which may write a file) is a pure
 function of its arguments or reads only this host's interfaces.
@@ -34,7 +38,7 @@ import socket
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfhvd.runner import task
 from tfhvd.runner.hosts import HostSlots
@@ -255,3 +259,48 @@ def attach_payload(fn: Callable[..., Any], args: Sequence[Any],
     env[task.PAYLOAD_FILE_ENV] = payload_file
     env.pop(task.PAYLOAD_ENV, None)
     return payload_file
+
+
+# Workers of elastic and engine jobs are named host:index; their topology
+# follows from the names in rank order.
+def worker_id(host: str, index: int) -> str:
+    """The name of slot ``index`` of ``host``."""
+    return "%s:%d" % (host, index)
+
+
+def split_id(wid: str) -> Tuple[str, int]:
+    """``(host, index)`` of a worker name."""
+    host, _, index = wid.rpartition(":")
+    return host, int(index)
+
+
+def topology(members: Sequence[str]) -> Dict[str, Dict[str, int]]:
+    """rank, size, local_rank, local_size, cross_rank, cross_size of each member."""
+    by_host: Dict[str, List[str]] = {}
+    for w in members:
+        by_host.setdefault(split_id(w)[0], []).append(w)
+    out: Dict[str, Dict[str, int]] = {}
+    for rank, w in enumerate(members):
+        host = split_id(w)[0]
+        local_rank = by_host[host].index(w)
+        cross_hosts = [h for h, ws in by_host.items() if len(ws) > local_rank]
+        out[w] = {"rank": rank, "size": len(members), "local_rank": local_rank,
+                  "local_size": len(by_host[host]), "cross_rank": cross_hosts.index(host),
+                  "cross_size": len(cross_hosts)}
+    return out
+
+
+class WorkerError(RuntimeError):
+    """A rank of an engine job failed: it raised, or its worker died.
+
+    ``rank`` is the rank, ``worker_traceback`` the rank's traceback text (empty
+    when the worker process died without one).
+    """
+
+    def __init__(self, message: str, rank: int, worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self):  # picklable across engine processes
+        return (WorkerError, (self.args[0], self.rank, self.worker_traceback))

@@ -27,7 +27,7 @@ they share; it knows no TensorFlow:
 
 The service is an HTTP server (:class:`tfhvd.runner.guarded_http.GuardedServer`)
 that answers only requests signed with the job's key
-(:mod:`tfhvd.runner.secret`).  It listens on loopback unless it is given a
+(:mod:`tfhvd.common.secret`).  It listens on loopback unless it is given a
 network interface (``nics``) or ``TFHVD_BIND_ADDR``, so a one-host job is
 never reachable from elsewhere.  The waits are long polls: each request
 waits at most :data:`POLL_S` seconds on the server and the client asks
@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from tfhvd.runner.common import bind_address, iface_address
 from tfhvd.runner.guarded_http import GuardedHandler, GuardedServer
-from tfhvd.runner.secret import sign_request
+from tfhvd.common.secret import sign_request
 
 NAME = "Compute service"
 POLL_S = 10.0

@@ -34,8 +34,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfhvd.runner.common import BIND_ENV, Slot, iface_of, set_pdeathsig, worker_env
-from tfhvd.runner.elastic.driver import topology, worker_id
+from tfhvd.runner.common import BIND_ENV, Slot, WorkerError, iface_of, set_pdeathsig, topology, \
+    worker_env, worker_id
 
 LOOPBACK = "127.0.0.1"
 
@@ -52,22 +52,6 @@ def require_engine(module: str, extra: str, what: str, requirement: str) -> Any:
             "%s needs %s, which is not installed: pip install \"%s\" (or, from a tfhvd "
             "checkout or sdist: pip install --no-build-isolation \"/path/to/tfhvd[%s]\") (%s)"
             % (what, module, requirement, extra, e)) from e
-
-
-class WorkerError(RuntimeError):
-    """A rank of an engine job failed: it raised, or its worker died.
-
-    ``rank`` is the rank, ``worker_traceback`` the rank's traceback text (empty
-    when the worker process died without one).
-    """
-
-    def __init__(self, message: str, rank: int, worker_traceback: str = "") -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.worker_traceback = worker_traceback
-
-    def __reduce__(self):  # picklable across engine processes
-        return (WorkerError, (self.args[0], self.rank, self.worker_traceback))
 
 
 def call_as_rank(rank: int, fn: Callable, args: Sequence = (),

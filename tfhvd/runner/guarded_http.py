@@ -5,7 +5,7 @@ store (:mod:`tfhvd.runner.gloo.rendezvous`) and the elastic service
 (:mod:`tfhvd.runner.elastic.service`) are built on:
 
 * **signed requests only**: :meth:`GuardedHandler.signed_body` checks the
-  request's signature (:mod:`tfhvd.runner.secret`) before it reads a byte of
+  request's signature (:mod:`tfhvd.common.secret`) before it reads a byte of
   the body; anything else gets 403 and the connection is closed, so nothing
   of it is stored or acted on;
 * **bounded input**: a request line and headers must arrive within
@@ -26,7 +26,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional, TextIO, Tuple
 
-from tfhvd.runner.secret import ReplayGuard, body_matches, check_head
+from tfhvd.common.secret import ReplayGuard, body_matches, check_head
 
 HEAD_TIMEOUT_S = 5.0
 BODY_TIMEOUT_S = 120.0

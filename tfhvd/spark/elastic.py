@@ -46,7 +46,7 @@ from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, engine_bind, node_address, \
     own_session, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
-from tfhvd.runner.secret import secret_env
+from tfhvd.common.secret import secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
 
 LOST_AFTER_S = 8.0     # an agent silent this long is lost

@@ -30,7 +30,7 @@ import cloudpickle
 from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, engine_bind, \
     engine_slots, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
-from tfhvd.runner.secret import SECRET_ENV, secret_env
+from tfhvd.common.secret import SECRET_ENV, secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
 from tfhvd.spark.workers import prepare_workers
 

@@ -7,6 +7,8 @@ A Horovod script runs with only its import changed::
     tape = hvd.DistributedGradientTape(tape)
 """
 
+import importlib
+
 from tfhvd.common.basics import (ProcessSet, ccl_built, cross_rank, cross_size, cuda_built,
                                  ddl_built, global_process_set, gloo_built, gloo_enabled, init,
                                  is_homogeneous, is_initialized, local_rank, local_size,
@@ -33,14 +35,17 @@ from tfhvd.version import __version__
 
 
 def __getattr__(name: str):
-    """``hvd.SyncBatchNormalization``: tf.keras's class, made when first asked for
-    (so that importing tfhvd.tensorflow does not import Keras)."""
+    """``hvd.SyncBatchNormalization``: the class of the tf.keras face
+    (``tfhvd.tensorflow.keras``), loaded when first asked for, so that importing
+    tfhvd.tensorflow does not import Keras.
+
+    The face sits above this package (it is built on it), so it is looked up by
+    name at the first use rather than imported: this package never depends on
+    the Keras layer, not even lazily.
+    """
     if name == "SyncBatchNormalization":
-        import tensorflow as tf
-
-        from tfhvd._keras import api as _api
-
-        return _api.api_for(tf.keras).SyncBatchNormalization
+        face = importlib.import_module("tfhvd.tensorflow.keras")
+        return face.SyncBatchNormalization
     raise AttributeError("module 'tfhvd.tensorflow' has no attribute %r" % name)
 
 

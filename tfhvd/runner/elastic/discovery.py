@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from tfhvd.runner.elastic.worker import HostUpdateResult
+from tfhvd.common.elastic_worker import HostUpdateResult
 from tfhvd.runner.hosts import HostError, _parse_name
 
 COOLDOWN_LOWER_BOUND_S = 1

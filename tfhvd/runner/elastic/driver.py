@@ -35,8 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from tfhvd.runner.common import split_id, topology, worker_id  # noqa: F401 (re-exported)
 from tfhvd.runner.elastic.discovery import HostManager
-from tfhvd.runner.elastic.worker import HostUpdateResult
+from tfhvd.common.elastic_worker import HostUpdateResult
 
 DISCOVER_HOSTS_FREQUENCY_S = 1.0
 # How often a driver waiting for slots says what it has and what it waits for.
@@ -48,15 +49,6 @@ RESET_LIMIT_MESSAGE = ("tfhvd elastic: the job was stopped because the number of
 RUNNING, READY, SUCCESS, FAILED, LEFT = "running", "ready", "success", "failed", "left"
 
 log = logging.getLogger("tfhvd.elastic")
-
-
-def worker_id(host: str, index: int) -> str:
-    return "%s:%d" % (host, index)
-
-
-def split_id(wid: str) -> Tuple[str, int]:
-    host, _, index = wid.rpartition(":")
-    return host, int(index)
 
 
 def assign_members(survivors: Sequence[str], hosts: Sequence[Tuple[str, int]],
@@ -77,22 +69,6 @@ def assign_members(survivors: Sequence[str], hosts: Sequence[Tuple[str, int]],
                 members.append(wid)
                 taken.add(wid)
     return members[:max_np] if max_np is not None else members
-
-
-def topology(members: Sequence[str]) -> Dict[str, Dict[str, int]]:
-    """rank, size, local_rank, local_size, cross_rank, cross_size of each member."""
-    by_host: Dict[str, List[str]] = {}
-    for w in members:
-        by_host.setdefault(split_id(w)[0], []).append(w)
-    out: Dict[str, Dict[str, int]] = {}
-    for rank, w in enumerate(members):
-        host = split_id(w)[0]
-        local_rank = by_host[host].index(w)
-        cross_hosts = [h for h, ws in by_host.items() if len(ws) > local_rank]
-        out[w] = {"rank": rank, "size": len(members), "local_rank": local_rank,
-                  "local_size": len(by_host[host]), "cross_rank": cross_hosts.index(host),
-                  "cross_size": len(cross_hosts)}
-    return out
 
 
 @dataclass

@@ -9,12 +9,12 @@ runs the driver with its discovery thread to the end of the job.
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from tfhvd.runner.common import Slot, worker_env
-from tfhvd.runner.elastic import worker as wk
+from tfhvd.runner.common import Slot, WorkerError, worker_env
+from tfhvd.common import elastic_worker as wk
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
     split_id
 from tfhvd.runner.elastic.service import ElasticService
-from tfhvd.runner.secret import secret_env
+from tfhvd.common.secret import secret_env
 
 
 def member_env(world: World, wid: str, service: ElasticService, addr: str,
@@ -73,10 +73,9 @@ def run_driver(driver: ElasticDriver, discover_first: bool = False) -> Optional[
 def job_outcome(engine: str, error: Optional[str], errors: Mapping[str, Any],
                 results: Mapping[str, Tuple[int, Any]]) -> List[Any]:
     """An engine's elastic job's return value: the finished workers' results in
-    rank order, or a :class:`~tfhvd.runner.engines.WorkerError` raised for
+    rank order, or a :class:`~tfhvd.runner.common.WorkerError` raised for
     ``error`` with the first failed worker's failure (``errors`` by worker, in
     the order the failures were recorded)."""
-    from tfhvd.runner.engines import WorkerError
 
     if error:
         detail = ""

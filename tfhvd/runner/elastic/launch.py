@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Mapping, Optional, TextIO
 
 from tfhvd.runner import hosts as hostlib
 from tfhvd.runner.args import elastic_timeout, settings_env, start_timeout
-from tfhvd.runner.elastic import worker as wk
+from tfhvd.common import elastic_worker as wk
 from tfhvd.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscoveryScript, \
     HostManager
 from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDriver, World, \
@@ -29,7 +29,7 @@ from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.common import Slot, bind_address, launcher_address, worker_env
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 from tfhvd.runner.gloo.workers import Worker, remote_command
-from tfhvd.runner.secret import job_secret, secret_env
+from tfhvd.common.secret import job_secret, secret_env
 
 TERMINATE_GRACE_S = 5.0
 EXIT_GRACE_S = 3.0

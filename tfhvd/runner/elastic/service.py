@@ -1,4 +1,4 @@
-"""The driver's HTTP endpoints for its workers (see :mod:`tfhvd.runner.elastic.worker`).
+"""The driver's HTTP endpoints for its workers (see :mod:`tfhvd.common.elastic_worker`).
 
 * ``POST /elastic/ready``  ``{"worker", "round"}``: blocks until the next world
   is formed; answers ``{"action": "run", "round", "rank", "size", ...,
@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, TextIO, Tuple
 
 from tfhvd.runner.elastic.driver import ElasticDriver
 from tfhvd.runner.guarded_http import GuardedHandler, GuardedServer
-from tfhvd.runner.secret import job_secret
+from tfhvd.common.secret import job_secret
 
 MAX_NOTIFY_WAIT_S = 60.0
 MAX_BODY = 1 << 20  # a worker's request is a few dozen bytes of JSON
@@ -68,7 +68,7 @@ class ElasticService:
     """A threaded HTTP server for the elastic endpoints, on ``addr``:ephemeral port.
 
     Requests must be signed with ``secret`` (the job's, given to workers as
-    TFHVD_SECRET_KEY; default: :func:`~tfhvd.runner.secret.job_secret`);
+    TFHVD_SECRET_KEY; default: :func:`~tfhvd.common.secret.job_secret`);
     others get 403, so nothing else on the network can take part in the
     job.  Bodies over 1 MiB, slow clients and floods are refused as by the
     rendezvous server (:mod:`tfhvd.runner.guarded_http`).

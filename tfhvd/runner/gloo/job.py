@@ -24,7 +24,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, TextIO
 from tfhvd.runner.common import (  # noqa: F401  (launcher_address, iface_of re-exported)
     Slot, bind_address, iface_of, launcher_address, worker_env)
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.secret import job_secret, secret_env
+from tfhvd.common.secret import job_secret, secret_env
 from tfhvd.runner.gloo.workers import Worker, remote_command
 from tfhvd.runner.hosts import is_local_host
 from tfhvd.runner.output import FailureTracker, Line, LineSink

@@ -14,7 +14,7 @@ Every ``hvd.init()`` uses its own scope (``init<N>``, or the
 ``HOROVOD_GLOO_SCOPE`` an elastic driver sets), so one server serves many
 worlds in turn.  :class:`RendezvousServer` is usable on its own by a driver.
 
-Every request is signed with the job's secret (:mod:`tfhvd.runner.secret`);
+Every request is signed with the job's secret (:mod:`tfhvd.common.secret`);
 the server (:mod:`tfhvd.runner.guarded_http`) answers anything else 403 and
 keeps nothing of it, and bounds what it reads (docs/security.md).
 """
@@ -25,7 +25,7 @@ import urllib.parse
 from typing import Dict, Optional, TextIO, Tuple
 
 from tfhvd.runner.guarded_http import GuardedHandler, GuardedServer
-from tfhvd.runner.secret import job_secret, secret_from_env, signed_urlopen
+from tfhvd.common.secret import job_secret, secret_from_env, signed_urlopen
 
 _MAX_WAIT_MS = 60_000
 
@@ -125,9 +125,9 @@ class RendezvousServer:
 
     ``start()`` returns the port (``port=0``: any free one); ``stop()`` ends
     it.  Usable as a context manager.  Every request must be signed with
-    ``secret`` (default: :func:`~tfhvd.runner.secret.job_secret`, the user's
+    ``secret`` (default: :func:`~tfhvd.common.secret.job_secret`, the user's
     TFHVD_SECRET_KEY or a random one), which ranks get through
-    :func:`~tfhvd.runner.secret.secret_env`; others get 403.  It binds to
+    :func:`~tfhvd.common.secret.secret_env`; others get 403.  It binds to
     ``host`` only: the launchers give loopback to one-host jobs.  Refused
     requests are reported on ``log`` (default stderr), the first one only.
     """

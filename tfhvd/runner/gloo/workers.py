@@ -16,7 +16,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from tfhvd.runner.common import (  # noqa: F401  (Slot, plan_slots, worker_env re-exported)
     Slot, forwarded_env, plan_slots, set_pdeathsig, worker_env)
-from tfhvd.runner.secret import HOROVOD_SECRET_ENV, SECRET_ENV
+from tfhvd.common.secret import HOROVOD_SECRET_ENV, SECRET_ENV
 
 
 def remote_command(ssh: Sequence[str], host: str, command: Sequence[str],

@@ -28,7 +28,7 @@ import urllib.error
 from enum import IntFlag
 from typing import Any, Dict, Optional, Set
 
-from tfhvd.runner.secret import secret_from_env, signed_urlopen
+from tfhvd.common.secret import secret_from_env, signed_urlopen
 
 DRIVER_ENV = "TFHVD_ELASTIC_DRIVER"
 WORKER_ENV = "TFHVD_ELASTIC_WORKER"

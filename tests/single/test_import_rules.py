@@ -1,0 +1,141 @@
+"""The import rules of docs/architecture.md, checked on the sources and on a
+running process.
+
+* ``tfhvd.common`` imports nothing above it (only ``tfhvd.common.*`` and
+  ``tfhvd.version``), lazy imports included.
+* A training process imports no launcher module: the training packages
+  (``common``, ``tensorflow``, ``_keras``, ``keras``) name no ``tfhvd.runner``
+  module, with one stated exception (the tf.data compute service, which opens a
+  server as the launcher does); and a process that imports every face, starts
+  tfhvd and reduces a tensor has loaded none.
+* The engines (``tfhvd.ray``, ``tfhvd.spark``) reuse the launcher's shared
+  pieces but never an entry point of the launcher or of each other, and the
+  launcher imports neither engine.
+
+The graph is the one ``test_import_cycles`` builds with ``ast``.
+"""
+
+import os
+import subprocess
+import sys
+from typing import Dict, List, Set
+
+from test_import_cycles import ROOT, import_graph
+
+TRAINING = ("tfhvd.common", "tfhvd.tensorflow", "tfhvd._keras", "tfhvd.keras")
+# The tf.data compute service's modules host and reach a signed HTTP service,
+# the launcher's kind of endpoint; they are imported only by a user who asks
+# for the service (tfhvd.tensorflow.data.compute_service).
+SERVICE_EXCEPTION = {
+    "tfhvd.tensorflow.data.compute_service": {"tfhvd.runner.common",
+                                              "tfhvd.runner.compute_service"},
+    "tfhvd.tensorflow.data.compute_worker": {"tfhvd.runner.compute_service"},
+}
+# Modules that start a job; nothing outside their own launcher imports them.
+ENTRY_POINTS = ("tfhvd.runner.launch", "tfhvd.runner.api", "tfhvd.runner.__main__",
+                "tfhvd.runner.gloo.job", "tfhvd.runner.elastic.launch",
+                "tfhvd.runner.elastic.api")
+# tfhvdrun's dispatcher and tfhvd.run() may start any of them.
+DISPATCHERS = ("tfhvd.runner.launch", "tfhvd.runner.api", "tfhvd.runner.__main__")
+
+
+def _in(module: str, packages) -> bool:
+    if isinstance(packages, str):
+        packages = (packages,)
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def common_violations(graph: Dict[str, Set[str]]) -> List[str]:
+    return ["%s -> %s" % (m, t) for m, ts in sorted(graph.items()) if _in(m, "tfhvd.common")
+            for t in sorted(ts) if not (_in(t, "tfhvd.common") or t == "tfhvd.version")]
+
+
+def training_violations(graph: Dict[str, Set[str]]) -> List[str]:
+    return ["%s -> %s" % (m, t) for m, ts in sorted(graph.items()) if _in(m, TRAINING)
+            for t in sorted(ts)
+            if _in(t, "tfhvd.runner") and t not in SERVICE_EXCEPTION.get(m, ())]
+
+
+def engine_violations(graph: Dict[str, Set[str]]) -> List[str]:
+    out = []
+    for m, ts in sorted(graph.items()):
+        for t in sorted(ts):
+            if _in(m, "tfhvd.ray") and _in(t, "tfhvd.spark") or \
+                    _in(m, "tfhvd.spark") and _in(t, "tfhvd.ray"):
+                out.append("%s -> %s (one engine imports the other)" % (m, t))
+            elif _in(m, "tfhvd.runner") and _in(t, ("tfhvd.ray", "tfhvd.spark")):
+                out.append("%s -> %s (the launcher imports an engine)" % (m, t))
+            elif t in ENTRY_POINTS and m not in DISPATCHERS and \
+                    not _in(m, t.rpartition(".")[0] if t.count(".") > 2 else t):
+                out.append("%s -> %s (an entry point)" % (m, t))
+    return out
+
+
+def test_common_imports_nothing_above_it():
+    graph = import_graph(ROOT, "tfhvd")
+    assert "tfhvd.common.elastic_worker" in graph and "tfhvd.common.secret" in graph
+    bad = common_violations(graph)
+    assert not bad, "tfhvd.common imports modules above it:\n  " + "\n  ".join(bad)
+
+
+def test_training_packages_name_no_launcher_module():
+    bad = training_violations(import_graph(ROOT, "tfhvd"))
+    assert not bad, "training modules import the launcher:\n  " + "\n  ".join(bad)
+
+
+def test_engines_use_shared_pieces_only():
+    graph = import_graph(ROOT, "tfhvd")
+    assert "tfhvd.runner.engines" in graph["tfhvd.ray.runner"]
+    bad = engine_violations(graph)
+    assert not bad, "engine and launcher imports that break the rules:\n  " + "\n  ".join(bad)
+
+
+def test_rule_checks_see_violations():
+    """The three checks flag what they are for (made-up edges)."""
+    graph = {
+        "tfhvd.common.elastic": {"tfhvd.runner.elastic.service", "tfhvd.common.util"},
+        "tfhvd.tensorflow.functions": {"tfhvd.runner.secret"},
+        "tfhvd.tensorflow.data.compute_worker": {"tfhvd.runner.compute_service"},
+        "tfhvd.ray.runner": {"tfhvd.spark.runner", "tfhvd.runner.engines"},
+        "tfhvd.spark.elastic": {"tfhvd.runner.elastic.launch", "tfhvd.runner.elastic.driver"},
+        "tfhvd.runner.elastic.api": {"tfhvd.runner.elastic.launch"},
+        "tfhvd.runner.launch": {"tfhvd.runner.gloo.job"},
+        "tfhvd.runner.gloo.job": {"tfhvd.ray"},
+    }
+    assert common_violations(graph) == ["tfhvd.common.elastic -> tfhvd.runner.elastic.service"]
+    assert training_violations(graph) == ["tfhvd.common.elastic -> tfhvd.runner.elastic.service",
+                                          "tfhvd.tensorflow.functions -> tfhvd.runner.secret"]
+    assert engine_violations(graph) == [
+        "tfhvd.ray.runner -> tfhvd.spark.runner (one engine imports the other)",
+        "tfhvd.runner.gloo.job -> tfhvd.ray (the launcher imports an engine)",
+        "tfhvd.spark.elastic -> tfhvd.runner.elastic.launch (an entry point)",
+    ]
+
+
+TRAINING_PROCESS = r"""
+import sys
+import tensorflow as tf
+import tfhvd.tensorflow as hvd
+import tfhvd.keras
+import tfhvd.tensorflow.keras
+hvd.init()
+assert float(hvd.allreduce(tf.constant(2.0))) == 2.0
+state = hvd.elastic.ObjectState(epoch=0)
+state.commit()
+loaded = sorted(m for m in sys.modules if m == "tfhvd.runner" or m.startswith("tfhvd.runner."))
+print("RUNNER_MODULES=%s" % ",".join(loaded))
+hvd.shutdown()
+"""
+
+
+def test_a_training_process_loads_no_launcher_module():
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith(("OMPI_", "PMIX_", "HOROVOD_", "TFHVD_")):
+            del env[key]
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    out = subprocess.run([sys.executable, "-c", TRAINING_PROCESS], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("RUNNER_MODULES=")]
+    assert line == ["RUNNER_MODULES="], out.stdout
