@@ -61,7 +61,8 @@ set(TFHVD_NCCL_SOURCES
   ${TFHVD_OPS_DIR}/backends/nccl/finalizer.cc
   ${TFHVD_OPS_DIR}/backends/nccl/gpu_events.cc
   ${TFHVD_OPS_DIR}/backends/nccl/nccl_backend.cc
-  ${TFHVD_OPS_DIR}/backends/nccl/nccl_collectives.cc)
+  ${TFHVD_OPS_DIR}/backends/nccl/nccl_collectives.cc
+  ${TFHVD_OPS_DIR}/backends/nccl/placement.cc)
 
 set(TFHVD_GPU_OP_DEFINITIONS "")
 foreach(op ${TFHVD_GPU_OPS})

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuda_check.h"
+#include "placement.h"
 
 namespace tfhvd {
 namespace {
@@ -259,6 +260,10 @@ Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclCo
                             ") failed: " + failed);
   };
   TFHVD_RETURN_IF_ERROR(agree(mine));
+  // Step 1b: one rank per GPU, said plainly before NCCL says it obscurely.
+  GpuSeat seat;
+  if (!LocalGpuSeat(topo_.rank, device_, &seat).ok()) seat = GpuSeat();
+  TFHVD_RETURN_IF_ERROR(AgreeOneRankPerGpu(over, nranks, seat, what));
   // Step 2: rank 0's id to everyone.
   TFHVD_RETURN_IF_ERROR(over->Broadcast(&id, sizeof(id), 0));
   // Step 3: the communicator itself.
