@@ -2,16 +2,6 @@
 
 import keras
 
-from tfhvd._keras import api as _api
+from tfhvd._keras.face import fill_callbacks
 
-_KERAS = _api.api_for(keras)  # the same classes as tfhvd.keras's (cached per flavour)
-
-BestModelCheckpoint = _KERAS.BestModelCheckpoint
-BroadcastGlobalVariablesCallback = _KERAS.BroadcastGlobalVariablesCallback
-LearningRateScheduleCallback = _KERAS.LearningRateScheduleCallback
-LearningRateWarmupCallback = _KERAS.LearningRateWarmupCallback
-MetricAverageCallback = _KERAS.MetricAverageCallback
-
-__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback",
-           "MetricAverageCallback"]
+__all__ = fill_callbacks(globals(), keras)

@@ -3,13 +3,6 @@
 
 import keras
 
-from tfhvd._keras.elastic import elastic_names
-from tfhvd.tensorflow.elastic import (ElasticDataset, ObjectState, State, TensorFlowKerasState,
-                                      TensorFlowState, run)
+from tfhvd._keras.face import fill_elastic
 
-(KerasState, CommitStateCallback, UpdateBatchStateCallback,
- UpdateEpochStateCallback) = elastic_names(keras)
-
-__all__ = ["CommitStateCallback", "ElasticDataset", "KerasState", "ObjectState", "State",
-           "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback", "run"]
+__all__ = fill_elastic(globals(), keras)
