@@ -16,22 +16,20 @@ from tfhvd._keras.optimizer import (REGISTERED_NAME, create_distributed_optimize
                                     is_distributed, loader_class, reduction_of)
 from tfhvd._keras.reduction import GradientReduction, require_initialized
 from tfhvd._keras.sync_batch_norm import sync_batch_norm_class
-from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
-from tfhvd.tensorflow.compression import Compression
+from tfhvd.common.basics import check_process_set, global_process_set
 from tfhvd.tensorflow.delayed import check_staleness
-from tfhvd.tensorflow.mpi_ops import Average
+from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
 _APIS: Dict[str, SimpleNamespace] = {}
 
 
-def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
-                         compression: Any = Compression.none, sparse_as_dense: bool = False,
-                         backward_passes_per_step: int = 1,
-                         average_aggregated_gradients: bool = False, op: int = Average,
-                         gradient_predivide_factor: float = 1.0, groups: Any = None, *,
-                         device_dense: str = "", device_sparse: str = "", num_groups: int = 0,
-                         process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True, staleness: int = 0) -> Any:
+# tfhvd's own order: Horovod's keyword names, tfhvd's extras keyword-only.
+@horovod_signature(("name", "compression", "sparse_as_dense", "backward_passes_per_step",
+                    "average_aggregated_gradients", "op", "gradient_predivide_factor",
+                    "groups"),
+                   ("device_dense", "device_sparse", "num_groups", "process_set",
+                    "scale_local_gradients", "staleness"))
+def DistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """Wraps a Keras optimizer so that ``model.fit`` averages gradients across ranks
     before they are applied.
 
@@ -72,22 +70,14 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         ``backward_passes_per_step`` or other settings.
       NotInitializedError: ``hvd.init()`` has not been called.
     """
-    return _distributed(optimizer, name, compression, sparse_as_dense,
-                        backward_passes_per_step, average_aggregated_gradients, op,
-                        gradient_predivide_factor, groups or (num_groups or None), process_set,
-                        None, scale_local_gradients, staleness)
+    return distributed_optimizer(optimizer, options)
 
 
-def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
-                                compression: Any = Compression.none,
-                                sparse_as_dense: bool = False,
-                                backward_passes_per_step: int = 1,
-                                average_aggregated_gradients: bool = False, op: int = Average,
-                                gradient_predivide_factor: float = 1.0, groups: Any = None,
-                                local_layers: Any = None, *, device_dense: str = "",
-                                device_sparse: str = "",
-                                process_set: ProcessSet = global_process_set,
-                                scale_local_gradients: bool = True) -> Any:
+@horovod_signature(("name", "compression", "sparse_as_dense", "backward_passes_per_step",
+                    "average_aggregated_gradients", "op", "gradient_predivide_factor",
+                    "groups", "local_layers"),
+                   ("device_dense", "device_sparse", "process_set", "scale_local_gradients"))
+def PartialDistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """A DistributedOptimizer that leaves the gradients of ``local_layers`` unreduced.
 
     Each rank then trains its own copy of those layers.  ``local_layers`` is a
@@ -96,32 +86,35 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     reloaded optimizer keeps them local.  Other arguments as for
     ``DistributedOptimizer``.
     """
-    if local_layers is None:
+    return partial_distributed_optimizer(optimizer, options)
+
+
+def partial_distributed_optimizer(optimizer: Any, options: OptimizerOptions) -> Any:
+    """:func:`distributed_optimizer` that needs ``options.local_layers``."""
+    if options.local_layers is None:
         raise ValueError("PartialDistributedOptimizer needs local_layers=[...] (the layers "
                          "whose gradients stay local); use DistributedOptimizer otherwise")
-    return _distributed(optimizer, name, compression, sparse_as_dense,
-                        backward_passes_per_step, average_aggregated_gradients, op,
-                        gradient_predivide_factor, groups, process_set, local_layers,
-                        scale_local_gradients)
+    return distributed_optimizer(optimizer, options)
 
 
-def _distributed(optimizer, name, compression, sparse_as_dense, backward_passes_per_step,
-                 average_aggregated_gradients, op, gradient_predivide_factor, groups,
-                 process_set, local_layers, scale_local_gradients: bool = True,
-                 staleness: int = 0) -> Any:
+def distributed_optimizer(optimizer: Any, options: OptimizerOptions) -> Any:
+    """The one implementation behind every Keras ``DistributedOptimizer`` spelling:
+    ``optimizer`` wrapped to reduce its gradients as ``options`` say."""
     require_initialized("DistributedOptimizer")
-    check_process_set(process_set)
+    check_process_set(options.process_set)
+    process_set = options.process_set
     reduction = GradientReduction(
-        name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        local_layers=local_layers,
+        name=options.name, compression=options.compression,
+        sparse_as_dense=options.sparse_as_dense,
+        backward_passes_per_step=options.backward_passes_per_step,
+        average_aggregated_gradients=options.average_aggregated_gradients, op=options.op,
+        gradient_predivide_factor=options.gradient_predivide_factor,
+        groups=options.fusion_groups, local_layers=options.local_layers,
         process_set=None if process_set is global_process_set else process_set)
-    reduction.scale_local_gradients = bool(scale_local_gradients)
-    check_staleness(staleness)
+    reduction.scale_local_gradients = bool(options.scale_local_gradients)
+    check_staleness(options.staleness)
     new = create_distributed_optimizer(optimizer, reduction)
-    attach_delayed(new, reduction, staleness)
+    attach_delayed(new, reduction, options.staleness)
     return new
 
 

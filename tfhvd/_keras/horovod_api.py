@@ -18,6 +18,7 @@ from tfhvd.tensorflow import gradient_tape as _tape
 from tfhvd.tensorflow import mpi_ops as _ops
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.mpi_ops import Average
+from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
 
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None,
@@ -56,62 +57,31 @@ def reducescatter(value: Any, name: Optional[str] = None, op: int = Average, *,
                                process_set=process_set, ignore_name_scope=ignore_name_scope)
 
 
-def tf_keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
-                                   device_dense: str = "", device_sparse: str = "",
-                                   compression: Any = Compression.none,
-                                   sparse_as_dense: bool = False,
-                                   gradient_predivide_factor: float = 1.0, op: int = Average,
-                                   backward_passes_per_step: int = 1,
-                                   average_aggregated_gradients: bool = False,
-                                   num_groups: int = 0, groups: Any = None,
-                                   process_set: ProcessSet = global_process_set,
-                                   scale_local_gradients: bool = True, *,
-                                   staleness: int = 0) -> Any:
+# Horovod's orders (horovod/tensorflow/keras and horovod/keras); tfhvd's extras
+# come after them, keyword-only.
+@horovod_signature(("name", "device_dense", "device_sparse", "compression", "sparse_as_dense",
+                    "gradient_predivide_factor", "op", "backward_passes_per_step",
+                    "average_aggregated_gradients", "num_groups", "groups", "process_set",
+                    "scale_local_gradients"),
+                   ("staleness",))
+def tf_keras_distributed_optimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """``horovod.tensorflow.keras.DistributedOptimizer`` (see ``tfhvd._keras.api``)."""
-    return _api.DistributedOptimizer(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        device_dense=device_dense, device_sparse=device_sparse, num_groups=num_groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients,
-        staleness=staleness)
+    return _api.distributed_optimizer(optimizer, options)
 
 
-def keras_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
-                                device_dense: str = "", device_sparse: str = "",
-                                compression: Any = Compression.none,
-                                sparse_as_dense: bool = False,
-                                gradient_predivide_factor: float = 1.0, op: int = Average,
-                                num_groups: int = 0, groups: Any = None, *,
-                                backward_passes_per_step: int = 1,
-                                average_aggregated_gradients: bool = False,
-                                process_set: ProcessSet = global_process_set,
-                                scale_local_gradients: bool = True,
-                                staleness: int = 0) -> Any:
+@horovod_signature(("name", "device_dense", "device_sparse", "compression", "sparse_as_dense",
+                    "gradient_predivide_factor", "op", "num_groups", "groups"),
+                   ("backward_passes_per_step", "average_aggregated_gradients", "process_set",
+                    "scale_local_gradients", "staleness"))
+def keras_distributed_optimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """``horovod.keras.DistributedOptimizer``; tfhvd's extras are keyword-only."""
-    return tf_keras_distributed_optimizer(
-        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
-        num_groups, groups, process_set, scale_local_gradients, staleness=staleness)
+    return _api.distributed_optimizer(optimizer, options)
 
 
-def partial_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
-                                  device_dense: str = "", device_sparse: str = "",
-                                  compression: Any = Compression.none,
-                                  sparse_as_dense: bool = False,
-                                  gradient_predivide_factor: float = 1.0, op: int = Average,
-                                  backward_passes_per_step: int = 1,
-                                  average_aggregated_gradients: bool = False,
-                                  groups: Any = None,
-                                  process_set: ProcessSet = global_process_set,
-                                  local_layers: Any = None,
-                                  scale_local_gradients: bool = True) -> Any:
+@horovod_signature(("name", "device_dense", "device_sparse", "compression", "sparse_as_dense",
+                    "gradient_predivide_factor", "op", "backward_passes_per_step",
+                    "average_aggregated_gradients", "groups", "process_set", "local_layers",
+                    "scale_local_gradients"))
+def partial_distributed_optimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """``horovod.keras.PartialDistributedOptimizer`` (see ``tfhvd._keras.api``)."""
-    return _api.PartialDistributedOptimizer(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        local_layers=local_layers, device_dense=device_dense, device_sparse=device_sparse,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    return _api.partial_distributed_optimizer(optimizer, options)

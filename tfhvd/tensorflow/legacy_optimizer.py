@@ -9,9 +9,9 @@ import tensorflow as tf
 
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
-from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.gradient_tape import _split_groups, grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import Adasum, Average
+from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -153,14 +153,11 @@ class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables() + super().variables()
 
 
-def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
-                         device_dense: str = "", device_sparse: str = "",
-                         compression: Any = Compression.none, sparse_as_dense: bool = False,
-                         backward_passes_per_step: int = 1, op: int = Average,
-                         gradient_predivide_factor: float = 1.0,
-                         average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Any = None, process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
+@horovod_signature(("name", "use_locking", "device_dense", "device_sparse", "compression",
+                    "sparse_as_dense", "backward_passes_per_step", "op",
+                    "gradient_predivide_factor", "average_aggregated_gradients", "num_groups",
+                    "groups", "process_set", "scale_local_gradients"))
+def DistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     """Horovod's ``horovod.tensorflow.DistributedOptimizer``.
 
     A ``tf.compat.v1.train.Optimizer`` (TF1 graphs and sessions) is wrapped so that
@@ -173,33 +170,30 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     Otherwise ``backward_passes_per_step > 1`` is not supported for TF1
     optimizers (NotImplementedError).
     """
+    process_set, op = options.process_set, options.op
     check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op != Average:
+    if options.gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum and average_aggregated_gradients:
+    if op == Adasum and options.average_aggregated_gradients:
         raise ValueError("Adasum does not support average_aggregated_gradients == True")
-    if groups is None and num_groups:
-        groups = num_groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        passes = options.backward_passes_per_step
         if op == Adasum:
-            if isinstance(backward_passes_per_step, bool) or not isinstance(
-                    backward_passes_per_step, int) or backward_passes_per_step < 1:
+            if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
                 raise ValueError("backward_passes_per_step must be an integer >= 1; got %r"
-                                 % (backward_passes_per_step,))
-            return _DistributedAdasumOptimizer(optimizer, name, use_locking, compression,
-                                               backward_passes_per_step, process_set)
-        if backward_passes_per_step != 1:
+                                 % (passes,))
+            return _DistributedAdasumOptimizer(optimizer, options.name, options.use_locking,
+                                               options.compression, passes, process_set)
+        if passes != 1:
             raise NotImplementedError("tfhvd: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers, not for tf.compat.v1 optimizers")
-        return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense,
-                                     op, gradient_predivide_factor, groups,
-                                     scale_local_gradients, process_set)
+        groups = options.groups
+        if groups is None and options.num_groups:
+            groups = options.num_groups
+        return _DistributedOptimizer(optimizer, options.name, options.use_locking,
+                                     options.compression, options.sparse_as_dense, op,
+                                     options.gradient_predivide_factor, groups,
+                                     options.scale_local_gradients, process_set)
     # A Keras optimizer goes to the Keras layer, which is built on this package:
     # it is looked up by name here, so this package never depends on it.
-    keras_distributed_optimizer = importlib.import_module("tfhvd._keras.api").DistributedOptimizer
-    return keras_distributed_optimizer(
-        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    return importlib.import_module("tfhvd._keras.api").distributed_optimizer(optimizer, options)
