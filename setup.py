@@ -100,7 +100,9 @@ def requirements(tf: Optional[Tuple[str, str]]) -> Tuple[List[str], Dict[str, Li
         # What the scripts in examples/ import beyond the library.
         "examples": ["scikit-learn>=1.3"],
         # The test suite (tests/).
-        "test": ["pytest>=8.0", "mpi4py>=3.1", "scikit-learn>=1.3", tf_keras],
+        "test": ["pytest>=8.0", "mpi4py>=3.1", "scikit-learn>=1.3", "matplotlib>=3.5", tf_keras],
+        # Timeline pictures (tfhvd-timeline render); the summary needs nothing.
+        "timeline": ["matplotlib>=3.5"],
         # The cluster-engine launchers tfhvd.ray and tfhvd.spark.
         "ray": ["ray>=2.10"],
         # pyarrow and fsspec: the Keras Estimator's Parquet reader and Stores.

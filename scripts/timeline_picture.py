@@ -3,8 +3,9 @@
 
 Runs a small 2-rank training job (tests/integration/scripts/train.py) under
 ``tfhvdrun --timeline-filename``, then draws a window of three training
-steps with ``tfhvd-timeline render`` and prints the ``summarize`` table.
-Rerun it after changing the runtime's timeline:
+steps as ``tfhvd-timeline render`` does (matplotlib, the ``timeline`` extra)
+and prints the ``summarize`` table.  Rerun it after changing the runtime's
+timeline:
 
     .venv/bin/python scripts/timeline_picture.py [-o docs/timeline.png]
 """
@@ -19,8 +20,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tfhvd.runner.timeline import format_table, load, summarize  # noqa: E402
-from tfhvd.runner.timeline_png import render, write_png  # noqa: E402
+from tfhvd.timeline.analysis import format_table, load, summarize  # noqa: E402
+from tfhvd.timeline.picture import write_picture  # noqa: E402
 
 
 def main() -> int:
@@ -55,12 +56,11 @@ def main() -> int:
         window = ((lo - pad - t0) / 1e3, (hi - pad - t0) / 1e3)
     else:
         window = (None, None)
-    img = render(trace, width=1400, start_ms=window[0], end_ms=window[1],
-                 title="tfhvd timeline: %d ranks training train.py, 3 steps" % a.np)
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
-    write_png(a.output, img)
-    print("wrote %s (%dx%d) from %s" % (a.output, img.shape[1], img.shape[0],
-                                        ", ".join(os.path.basename(f) for f in files)))
+    pic = write_picture(trace, a.output, width=1400, start_ms=window[0],
+                        end_ms=window[1],
+                        title="tfhvd timeline: %d ranks training train.py, 3 steps" % a.np)
+    print("wrote %s (%dx%d) from %s" % (a.output, pic.width, pic.height, ", ".join(os.path.basename(f) for f in files)))
     return 0
 
 

@@ -33,7 +33,7 @@ def tfhvd_timeline() -> List[str]:
     script = os.path.join(os.path.dirname(sys.executable), "tfhvd-timeline")
     if os.path.exists(script):
         return [script]
-    return [sys.executable, "-m", "tfhvd.runner.timeline_cli"]
+    return [sys.executable, "-m", "tfhvd.timeline"]
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

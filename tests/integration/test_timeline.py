@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from jobs import TRAIN, clean_env, launch, run, tfhvd_timeline, train
 
 
@@ -136,15 +138,19 @@ def test_summarize_and_render_a_real_timeline(tmp_path):
     assert data["allreduce"]["count"] == n_allreduce
     assert abs(data["allreduce"]["mean_ms"] * n_allreduce - data["allreduce"]["total_ms"]) < 1e-6
 
-    png = tmp_path / "real.png"
-    out = run(tfhvd_timeline() + ["render", str(path), "-o", str(png)], timeout=60)
-    assert out.rc == 0, out.explain()
-    from tfhvd.runner.timeline_png import PHASE_COLORS, decode_png
+    # The picture (matplotlib, the timeline extra), read back: bars of the
+    # allreduce colour in a PNG of the asked width.
+    from matplotlib.image import imread
 
-    img = decode_png(png.read_bytes())
+    from tfhvd.timeline.layout import PHASE_COLORS
+
+    png = tmp_path / "real.png"
+    out = run(tfhvd_timeline() + ["render", str(path), "-o", str(png)], timeout=120)
+    assert out.rc == 0, out.explain()
+    img = (imread(str(png))[:, :, :3] * 255).round().astype(int)
     assert img.shape[1] == 1400
-    blue = PHASE_COLORS["allreduce"]
-    assert ((img == blue).all(axis=2)).sum() > 0, "no allreduce bar drawn"
+    blue = np.abs(img - np.array(PHASE_COLORS["allreduce"])).max(axis=2) <= 1
+    assert blue.sum() > 0, "no allreduce bar drawn"
 
 
 def test_timeline_cli_errors(tmp_path):

@@ -6,8 +6,10 @@
     tfhvd-timeline summarize --json timeline.json            # the same, as JSON
     tfhvd-timeline render timeline.json -o timeline.png      # a picture of it
 
-Several files (one per rank) are merged.  For the full interactive view open
-the file in https://ui.perfetto.dev or chrome://tracing.
+Several files (one per rank) are merged.  ``summarize`` needs nothing;
+``render`` draws with matplotlib (the optional ``timeline`` extra).
+For the full interactive view open the file in https://ui.perfetto.dev or
+chrome://tracing.
 """
 
 import argparse
@@ -15,7 +17,8 @@ import json
 import sys
 from typing import List, Optional, Sequence
 
-from tfhvd.runner.timeline import TimelineError, format_table, load, summarize
+from tfhvd.timeline.analysis import TimelineError, format_table, load, summarize
+from tfhvd.timeline.picture import write_picture
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,16 +64,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "recording)" % ", ".join(args.files), file=sys.stderr)
             print(format_table(trace, stats))
         return 0
-    from tfhvd.runner.timeline_png import render, write_png
-
     if not trace.spans:
         print("tfhvd-timeline: nothing to draw: no spans in %s" % ", ".join(args.files),
               file=sys.stderr)
         return 1
-    img = render(trace, width=args.width, start_ms=args.start_ms, end_ms=args.end_ms,
-                 title=args.title, max_rows_per_rank=args.max_rows)
-    write_png(args.output, img)
-    print("tfhvd-timeline: wrote %s (%dx%d)" % (args.output, img.shape[1], img.shape[0]))
+    try:
+        pic = write_picture(trace, args.output, width=args.width,
+                            start_ms=args.start_ms, end_ms=args.end_ms, title=args.title,
+                            max_rows_per_rank=args.max_rows)
+    except (ImportError, OSError) as e:
+        print("tfhvd-timeline: %s" % e, file=sys.stderr)
+        return 1
+    print("tfhvd-timeline: wrote %s (%dx%d)" % (pic.path, pic.width, pic.height))
     return 0
 
 
