@@ -139,3 +139,34 @@ def test_a_training_process_loads_no_launcher_module():
     assert out.returncode == 0, out.stdout + out.stderr
     line = [x for x in out.stdout.splitlines() if x.startswith("RUNNER_MODULES=")]
     assert line == ["RUNNER_MODULES="], out.stdout
+
+
+def test_keras_side_uses_the_async_modes_public_interface():
+    """The Keras side of the asynchronous modes (tfhvd/_keras) reaches the
+    TensorFlow side's DelayedGradients through its public interface only
+    (scope, has_reduction, set_reduction, exchange, flush_pairs, ...), and the
+    reduction's modes through its declared attributes, not ``__dict__``."""
+    import ast
+    import glob
+
+    import tensorflow as tf  # noqa: F401  (delayed.py builds tf.Modules)
+
+    from tfhvd.tensorflow.delayed import DelayedGradients
+
+    private = {name for name in vars(DelayedGradients(name="probe"))
+               if name.startswith("_") and not name.startswith("__")}
+    assert {"_reduce_fn", "_positions", "_variables", "_scope"} <= private
+    reaches = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tfhvd", "_keras", "*.py"))):
+        with open(path) as f:
+            source = f.read()
+        tree, lines = ast.parse(source, path), source.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id == "self"):
+                reaches.append("%s:%d .%s" % (os.path.basename(path), node.lineno, node.attr))
+            if isinstance(node, ast.Constant) and node.value in ("delayed", "local_sgd") and \
+                    "__dict__" in lines[node.lineno - 1]:
+                reaches.append("%s:%d __dict__[%r]" % (os.path.basename(path), node.lineno,
+                                                       node.value))
+    assert not reaches, "private reaches into the async modes:\n  " + "\n  ".join(reaches)

@@ -45,15 +45,13 @@ def reduce_gradients(reduction: Any, grads: List[Any], variables: Optional[List[
     Synchronous (default): ``reduction.reduce``.  ``staleness=1``: the delayed
     pipeline.  Local phase of ``LocalSGD``: the local gradients, only scaled.
     """
-    d = reduction.__dict__
-    local = d.get("local_sgd")
-    if local is not None:
-        return local.gradients(reduction, grads, variables, scale)
-    delayed = d.get("delayed")
+    if reduction.local_sgd is not None:
+        return reduction.local_sgd.gradients(reduction, grads, variables, scale)
+    delayed = reduction.delayed
     if delayed is None:
         return reduction.reduce(grads, variables, scale=scale)
-    if delayed._reduce_fn is None:
-        delayed._reduce_fn = _background_reduce(reduction, scale, delayed._scope)
+    if not delayed.has_reduction:
+        delayed.set_reduction(_background_reduce(reduction, scale, delayed.scope))
     return delayed.exchange(grads, variables)
 
 
@@ -91,7 +89,7 @@ def delayed_of(optimizer: Any) -> Optional[DelayedGradients]:
         return None
     inner = _flavor.inner_optimizer(optimizer)
     reduction = getattr(inner, "_tfhvd", None)
-    return None if reduction is None else reduction.__dict__.get("delayed")
+    return None if reduction is None else reduction.delayed
 
 
 def flush_optimizer(optimizer: Any) -> bool:
@@ -101,11 +99,9 @@ def flush_optimizer(optimizer: Any) -> bool:
     the next step applies zeros.
     """
     delayed = delayed_of(optimizer)
-    if delayed is None or delayed._positions is None:
+    pairs = None if delayed is None else delayed.flush_pairs()
+    if pairs is None:
         return False
-    grads = delayed.flush()
-    pairs = [(g, v) for g, v in zip([grads[i] for i in delayed._positions],
-                                    delayed._variables, strict=True)]
     inner = _flavor.inner_optimizer(optimizer)
     delayed.bypass = True
     try:
@@ -225,14 +221,14 @@ class LocalAveraging:
 def after_update(optimizer: Any) -> None:
     """Called by the distributed optimizers after each update: LocalSGD's averaging."""
     reduction = getattr(_flavor.inner_optimizer(optimizer), "_tfhvd", None)
-    local = None if reduction is None else reduction.__dict__.get("local_sgd")
+    local = None if reduction is None else reduction.local_sgd
     if local is not None:
         local.after_update()
 
 
 def _install(model: Any, reduction: Any, local: Optional[LocalAveraging]) -> None:
     """Gives the optimizer's reduction ``local`` (or takes it away) and retraces the step."""
-    if reduction is None or reduction.__dict__.get("local_sgd") is local:
+    if reduction is None or reduction.local_sgd is local:
         return
     reduction.local_sgd = local
     model.make_train_function(force=True)
@@ -316,7 +312,7 @@ class LocalSGDImpl:
                 "LocalSGD(period=%d, warmup_steps=%d) needs the model compiled with "
                 "hvd.DistributedOptimizer(...) (it averages gradients while synchronous)"
                 % (self.period, self.warmup_steps))
-        if reduction is not None and reduction.__dict__.get("delayed") is not None:
+        if reduction is not None and reduction.delayed is not None:
             raise ValueError("LocalSGD and staleness=1 are two ways of not waiting; use one")
         self._reduction = reduction
         if self.period == 1:

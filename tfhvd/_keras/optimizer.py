@@ -299,7 +299,7 @@ class _LegacyDistributed(_DistributedMixin):
         """The update (accumulated with ``backward_passes_per_step``), then
         LocalSGD's averaging when due."""
         result = self._tfhvd_apply_gradients(grads_and_vars, *args, **kwargs)
-        if self._tfhvd.__dict__.get("local_sgd") is not None:
+        if self._tfhvd.local_sgd is not None:
             deps = [result] if isinstance(result, (tf.Tensor, tf.Operation)) else []
             with tf.control_dependencies(deps):
                 async_modes.after_update(self)

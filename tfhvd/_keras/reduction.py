@@ -106,6 +106,10 @@ class GradientReduction:
         # tf-keras only: the local accumulation state (created on first use).
         self.accumulators: Optional[List[Any]] = None
         self.counter: Optional[tf.Variable] = None
+        # Asynchronous modes (tfhvd._keras.async_modes): the delayed pipeline of
+        # staleness=1, and the LocalSGD callback while fit runs with one.
+        self.delayed: Any = None
+        self.local_sgd: Any = None
 
     # ------------------------------------------------------------ config
 

@@ -71,9 +71,9 @@ def split_blocker(model: Any) -> Optional[str]:
     if reduction.backward_passes_per_step > 1 or (
             getattr(inner, "gradient_accumulation_steps", None) or 1) > 1:
         return "it accumulates gradients (backward_passes_per_step > 1)"
-    if reduction.__dict__.get("local_sgd") is not None:
+    if reduction.local_sgd is not None:
         return "it trains with LocalSGD"
-    if reduction.__dict__.get("delayed") is not None:
+    if reduction.delayed is not None:
         return "it trains with staleness=1"
     return None
 

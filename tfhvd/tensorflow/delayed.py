@@ -43,7 +43,7 @@ import atexit
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -99,6 +99,25 @@ class DelayedGradients(tf.Module):
     def buffers(self) -> List[tf.Variable]:
         """The variables that hold the gradients the next step applies."""
         return [getattr(self, "buffer_%d" % k) for k in range(self._count)]
+
+    @property
+    def scope(self) -> str:
+        """The name scope of this pipeline's collectives (unique per pipeline)."""
+        return self._scope
+
+    @property
+    def has_reduction(self) -> bool:
+        """Whether a reduction is set (without one, :meth:`exchange` passes
+        gradients through)."""
+        return self._reduce_fn is not None
+
+    def set_reduction(self, reduce_fn: Callable[[List[tf.Tensor], List[Any]], List[Any]]
+                      ) -> None:
+        """Sets the reduction the background thread runs, before the first step
+        (a Keras optimizer sets it at its first apply, when the scale is known)."""
+        if self._positions is not None:
+            raise RuntimeError("the delayed pipeline's reduction is set before its first step")
+        self._reduce_fn = reduce_fn
 
     # ------------------------------------------------------------ the step
 
@@ -174,6 +193,14 @@ class DelayedGradients(tf.Module):
             out[i] = tf.identity(b.read_value())
             b.assign(tf.zeros_like(b))
         return out
+
+    def flush_pairs(self) -> Optional[List[Tuple[Any, Any]]]:
+        """:meth:`flush` as ``(gradient, variable)`` pairs for the gradients the
+        steps had, with the variables the steps passed; None before any step."""
+        if self._positions is None:
+            return None
+        grads = self.flush()
+        return [(grads[i], v) for i, v in zip(self._positions, self._variables, strict=True)]
 
     def close(self) -> None:
         """Stops the background thread (the pipeline cannot be used after this)."""
