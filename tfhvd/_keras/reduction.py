@@ -19,7 +19,8 @@ from tfhvd.common.exceptions import NotInitializedError
 from tfhvd.common.process_sets import global_process_set, process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.gradient_tape import grouped_allreduce
-from tfhvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum, allgather
+from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, adasum_rules,
+                                     allgather)
 
 _COMPRESSION_NAMES = {Compression.none: "none", Compression.fp16: "fp16",
                       Compression.bf16: "bf16"}
@@ -240,9 +241,7 @@ class GradientReduction:
     def _reduce_sparse(self, g: tf.IndexedSlices, name: str, scale: float) -> tf.IndexedSlices:
         """Gathers every rank's rows (an embedding gradient stays sparse)."""
         if self.op == Adasum:
-            raise NotImplementedError(
-                "The Adasum reduction does not support sparse gradients (tf.IndexedSlices, e.g. "
-                "of an Embedding layer); pass sparse_as_dense=True to DistributedOptimizer")
+            adasum_rules(sparse=True)
         values = allgather(g.values, name=name + "_values", ignore_name_scope=True,
                            process_set=self.process_set)
         indices = allgather(g.indices, name=name + "_indices", ignore_name_scope=True,

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
-from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _EagerTensor,
+from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _EagerTensor, adasum_rules,
                                       _grouped_allreduce, allgather, grouped_allgather)
 
 
@@ -37,9 +37,7 @@ def _sparse_allreduce(t: tf.IndexedSlices, op: int, prescale_factor: float,
                       process_set: ProcessSet = global_process_set) -> tf.IndexedSlices:
     """Reduces IndexedSlices by gathering every rank's values and indices."""
     if op == Adasum:
-        raise NotImplementedError("The Adasum reduction does not support sparse tensors "
-                                  "(tf.IndexedSlices); pass sparse_as_dense=True to the "
-                                  "distributed optimizer or tape, or densify the tensor")
+        adasum_rules(sparse=True)
     if op not in (Average, Sum):
         raise NotImplementedError("tfhvd reduces tf.IndexedSlices only with Average or Sum; "
                                   "use sparse_as_dense=True for other ops")

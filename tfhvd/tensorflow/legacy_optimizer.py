@@ -10,7 +10,7 @@ import tensorflow as tf
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.gradient_tape import _split_groups, grouped_allreduce
-from tfhvd.tensorflow.mpi_ops import Adasum, Average
+from tfhvd.tensorflow.mpi_ops import Adasum, Average, adasum_rules
 from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
 
@@ -174,8 +174,8 @@ def DistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
     check_process_set(process_set)
     if options.gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum and options.average_aggregated_gradients:
-        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    if op == Adasum:
+        adasum_rules(average_aggregated_gradients=options.average_aggregated_gradients)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         passes = options.backward_passes_per_step
         if op == Adasum:

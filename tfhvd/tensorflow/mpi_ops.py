@@ -118,18 +118,39 @@ def _check_op(op: int, adasum_tensors: Optional[Sequence[tf.Tensor]] = None,
                          "Product" % (op,))
     if op == Adasum:
         if adasum_tensors is None:
-            raise NotImplementedError("reducescatter does not support the Adasum reduce op; "
-                                      "use hvd.Average or hvd.Sum")
-        _check_adasum(adasum_tensors, process_set)
+            adasum_rules(where="reducescatter")
+        adasum_rules(adasum_tensors, process_set)
 
 
 _ADASUM_DTYPES = _DtypeSet((tf.float16, tf.bfloat16, tf.float32, tf.float64))
 _ADASUM_GPU_WARNED = [False]
 
 
-def _check_adasum(tensors: Sequence[tf.Tensor], process_set: ProcessSet) -> None:
-    """Horovod's rules for ``op=hvd.Adasum``, checked before the op is built, so
-    that every rank raises the same error instead of starting a reduction."""
+def adasum_rules(tensors: Optional[Sequence[tf.Tensor]] = None,
+                 process_set: ProcessSet = global_process_set, *, where: str = "allreduce",
+                 sparse: bool = False, average_aggregated_gradients: bool = False) -> None:
+    """Horovod's rules for ``op=hvd.Adasum``, all in one place; every path that
+    can run Adasum (the collectives, the tapes, the Keras and TF1 optimizers)
+    calls this before anything is built, so every rank raises the same error.
+
+    ``where``: what asks (``reducescatter`` cannot run Adasum); ``sparse``: the
+    value is a ``tf.IndexedSlices``; ``average_aggregated_gradients``: the
+    optimizer's option.  ``tensors`` (None: not known yet) must be floating
+    point, and the ranks of ``process_set`` a power of two.  GPU tensors are reduced on the CPU (one
+    warning per process).
+    """
+    if where == "reducescatter":
+        raise NotImplementedError("reducescatter does not support the Adasum reduce op; "
+                                  "use hvd.Average or hvd.Sum")
+    if sparse:
+        raise NotImplementedError("The Adasum reduction does not support sparse tensors "
+                                  "(tf.IndexedSlices, e.g. an Embedding layer's gradient); pass "
+                                  "sparse_as_dense=True to the distributed optimizer or tape, "
+                                  "or densify the tensor")
+    if average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    if tensors is None:
+        return
     for t in tensors:
         if _dtype_enum(t) not in _ADASUM_DTYPES.enums:
             raise TypeError("tfhvd Adasum reduces float16, bfloat16, float32 and float64 "
@@ -173,7 +194,7 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
         tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
     if op == Adasum:
-        _check_adasum((tensor,), process_set)
+        adasum_rules((tensor,), process_set)
         with tf.device("/cpu:0"):  # Adasum reduces host memory
             return _ops().horovod_allreduce(
                 tensor, reduce_op=op, prescale_factor=prescale_factor,
