@@ -90,3 +90,34 @@ def test_duplicate_set_in_init_and_horovod_env():
     assert text.count("added [1] 1 True") == 2
     assert text.count("global 2.0") == 2
     assert text.count("invalidated None None") == 2
+
+
+@needs_mpirun
+def test_a_process_set_is_checked_once_on_the_way_to_the_op():
+    """hvd.allreduce and hvd.grouped_allreduce look a process set up once (where
+    the op is built), not again in the tape layer; a bad set still fails."""
+    out = mpirun(2, """
+        import tensorflow as tf, tfhvd.tensorflow as hvd
+        from tfhvd.common import process_sets as P
+        ps = hvd.ProcessSet([0])
+        hvd.init(process_sets=[ps])
+        if hvd.rank() == 0:
+            calls, lookup = [0], P.process_set_id
+            def counting(x):
+                calls[0] += 1
+                return lookup(x)
+            P.process_set_id = counting
+            hvd.allreduce(tf.ones([2]), op=hvd.Sum, process_set=ps)
+            one = calls[0]
+            hvd.grouped_allreduce([tf.ones([2]), tf.ones([3])], process_set=ps)
+            say("lookups", one, calls[0] - one)
+            try:
+                hvd.grouped_allreduce([], process_set=hvd.ProcessSet([0, 1, 2]))
+            except ValueError as e:
+                say("refused", "not registered" in str(e) or "process set" in str(e))
+        hvd.barrier()
+    """)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "lookups 1 1" in text
+    assert "refused True" in text

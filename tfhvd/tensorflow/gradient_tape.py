@@ -65,8 +65,7 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "",
     ``op=hvd.Adasum`` combines float tensors with adaptive summation over a
     power-of-two number of ranks, on the CPU (docs/adasum.md).
     """
-    if process_set is not global_process_set:
-        check_process_set(process_set)
+    # The process set is checked once, where the op is built (mpi_ops._check_ready).
     op = _resolve_op(op, average)
     # (An eager tensor is never IndexedSlices; skipping the ABC check saves a
     # microsecond of every eager call.)
@@ -92,10 +91,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       process_set: ProcessSet = global_process_set,
                       ignore_name_scope: bool = False, name: Optional[str] = None) -> List[Any]:
     """Reduces a list of tensors as one negotiated, fused group (order kept)."""
-    check_process_set(process_set)
     op = _resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
+        check_process_set(process_set)  # no op is built: check it here
         return tensors
     out: List[Any] = [None] * len(tensors)
     dense_idx = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
