@@ -14,7 +14,9 @@ Build variables (each also accepted under its HOROVOD_* name):
                               TensorFlow's CUDA major version: its nvcc compiles
                               the device code
   TFHVD_DEVICE_COMPILER       nvrtc or nvcc: force one route (default: see below)
-  TFHVD_CUDA_ARCHS            GPU architectures of the device code (default "80;90")
+  TFHVD_CUDA_ARCHS            GPU architectures of the device code (default
+                              "70;75;80;86;89;90;100;120": Volta to Blackwell, those the
+                              compiler knows, plus PTX of the oldest)
   TFHVD_CUDA_COMPILE_CHECK=1  the explicitly named fallback: accept an nvcc whose
                               major version differs from TensorFlow's CUDA (e.g.
                               CUDA 13 for TensorFlow's CUDA 12).  A compile-and-link
@@ -51,11 +53,11 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 OPS = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
 PREFIXES = ("TFHVD_", "HOROVOD_")
-DEFAULT_ARCHS = "80;90"
+DEFAULT_ARCHS = "70;75;80;86;89;90;100;120"
 
 
 class GpuConfigError(Exception):
@@ -367,6 +369,62 @@ def find_cuda(env: Mapping[str, str], tf_cuda_major: Optional[int],
             "include": include, "cudart": cudart, "check_only": mismatch, "notes": notes}
 
 
+def _major_minor(version: str) -> Optional[Tuple[int, int]]:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def cudart_header_version(include_dirs: Sequence[str]) -> Optional[str]:
+    """``"12.5"`` from CUDART_VERSION in the first cuda_runtime_api.h found."""
+    for d in include_dirs:
+        path = os.path.join(d, "cuda_runtime_api.h")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+            if m:
+                v = int(m.group(1))
+                return "%d.%d" % (v // 1000, (v % 1000) // 10)
+    return None
+
+
+def nvrtc_version(lib_path: str) -> Optional[str]:
+    """``"12.5"`` from the NVRTC library itself (nvrtcVersion), or None."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(lib_path)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return "%d.%d" % (major.value, minor.value)
+
+
+def version_warnings(tf_cuda_version: Optional[str], cudart: Optional[str],
+                     nvrtc: Optional[str]) -> List[str]:
+    """Build-time warnings where the CUDA runtime headers or the device
+    compiler differ from the CUDA TensorFlow was built with
+    (``tf.sysconfig.get_build_info()["cuda_version"]``)."""
+    tf_v = _major_minor(tf_cuda_version or "")
+    if tf_v is None:
+        return []
+    out = []
+    for what, v in (("the CUDA runtime headers are", cudart), ("NVRTC is", nvrtc)):
+        mine = _major_minor(v or "")
+        if mine is None or mine == tf_v:
+            continue
+        if mine[0] != tf_v[0]:
+            out.append("warning: %s CUDA %s but TensorFlow was built with CUDA %s: a "
+                       "different major version cannot share TensorFlow's process"
+                       % (what, v, tf_cuda_version))
+        else:
+            out.append("warning: %s CUDA %s, TensorFlow was built with CUDA %s (same major: "
+                       "it works where the driver supports both; the library records both)"
+                       % (what, v, tf_cuda_version))
+    return out
+
+
 def configure(env: Mapping[str, str], tf_cuda_version: Optional[str] = None,
               tf_include: Optional[str] = None) -> Optional[GpuConfig]:
     """None for a CPU-only build; else the GPU build's configuration."""
@@ -380,12 +438,15 @@ def configure(env: Mapping[str, str], tf_cuda_version: Optional[str] = None,
     if not re.fullmatch(r"\d+a?(;\d+a?)*", archs):
         raise GpuConfigError("tfhvd: %s=%s: expected architectures like 80;90"
                              % (_var(env, "CUDA_ARCHS"), archs))
+    notes = list(cuda["notes"]) + version_warnings(
+        tf_cuda_version, cudart_header_version(cuda["include"]),
+        nvrtc_version(cuda["tool"]) if cuda["compiler"] == "nvrtc" else None)
     return GpuConfig(ops=ops, device_compiler=cuda["compiler"], device_tool=cuda["tool"],
                      cuda_major=cuda["major"], device_include=cuda["device_include"],
                      cuda_include=cuda["include"], cudart=cuda["cudart"],
                      nccl_include=nccl["include"], nccl_lib=nccl["lib"],
                      nccl_version=nccl["version"], archs=archs,
-                     compile_check_only=cuda["check_only"], notes=cuda["notes"])
+                     compile_check_only=cuda["check_only"], notes=notes)
 
 
 def main(argv: List[str]) -> int:

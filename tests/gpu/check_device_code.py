@@ -3,7 +3,7 @@ PTX embedded in it (tfhvd_ops/cuda/build_device_code.py), any fatbin, and
 the CUDA runtime it links.  Read from the library's bytes, not from what the
 build said it did.
 
-  python tests/gpu/check_device_code.py LIB [--require-arch 80 --require-arch 90]
+  python tests/gpu/check_device_code.py LIB [--require-arch 80 ...] [--require-ptx 70]
                                             [--max-cuda-major 12]
 
 Prints one line per image and exits 1 when an architecture is missing, when
@@ -125,6 +125,7 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("library")
     ap.add_argument("--require-arch", type=int, action="append", default=[])
+    ap.add_argument("--require-ptx", type=int, action="append", default=[])
     ap.add_argument("--max-cuda-major", type=int, default=None)
     a = ap.parse_args(argv)
     images, problems, needed = inspect(a.library)
@@ -142,6 +143,9 @@ def main(argv: List[str]) -> int:
     for arch in a.require_arch:
         if not any(im.kind == "cubin" and im.arch == arch for im in images):
             failures.append("no cubin for sm_%d" % arch)
+    for arch in a.require_ptx:
+        if not any(im.kind == "ptx" and im.arch == arch for im in images):
+            failures.append("no PTX for compute_%d" % arch)
     if a.max_cuda_major is not None:
         for lib in needed:
             m = re.fullmatch(r"libcudart\.so\.(\d+)", lib)

@@ -184,3 +184,20 @@ def test_setup_py_stops_with_the_message():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert "TFHVD_NCCL_HOME=/nonexistent/nccl has no include/nccl.h" in r.stderr
+
+
+def test_default_archs_cover_volta_to_blackwell():
+    assert gc.DEFAULT_ARCHS.split(";") == ["70", "75", "80", "86", "89", "90", "100", "120"]
+
+
+def test_versions_that_differ_from_tensorflows_cuda_are_warned_at_build_time(tmp_path):
+    inc = tmp_path / "include"
+    inc.mkdir()
+    (inc / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 12040\n")
+    assert gc.cudart_header_version([str(tmp_path), str(inc)]) == "12.4"
+    assert gc.cudart_header_version([str(tmp_path)]) is None
+    assert gc.version_warnings("12.5.1", "12.5", "12.5") == []
+    assert gc.version_warnings(None, "11.8", "13.0") == []
+    same_major, other_major = gc.version_warnings("12.5.1", "12.4", "13.0")
+    assert "runtime headers are CUDA 12.4" in same_major and "same major" in same_major
+    assert "NVRTC is CUDA 13.0" in other_major and "different major" in other_major

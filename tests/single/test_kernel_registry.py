@@ -65,3 +65,27 @@ def test_gpu_registration_of_collectives(op):
         assert "GPU" not in kinds, (op, kinds)
     else:
         assert kinds.get("GPU") == sorted(COLLECTIVES[op]), (op, kinds)
+
+
+def test_gpu_versions_are_recorded_and_reported():
+    """A NCCL build records the CUDA runtime and NCCL it was built with and
+    reports those it runs with, and the driver; check-build prints the line. A
+    CPU build has none."""
+    import re
+
+    from tfhvd.common import basics
+    from tfhvd.runner import check_build
+
+    info = check_build.gather()
+    versions = basics.gpu_versions_info()
+    assert info.gpu_versions == versions
+    if not hvd.nccl_built():
+        assert versions == "" and "built with CUDA runtime" not in check_build.render(info)
+        return
+    # Where TensorFlow finds no CUDA libraries (a CPU machine), its stubs answer
+    # the runtime and NCCL queries with an error: "unavailable (reason)".
+    found = r"(\d+\.\d+(\.\d+)?|unavailable \([^)]*\))"
+    assert re.fullmatch(r"built with CUDA runtime \d+\.\d+, NCCL \d+\.\d+\.\d+; runs with "
+                        r"CUDA runtime %s, NCCL %s, CUDA driver (none|\d+\.\d+)" % (found, found),
+                        versions), versions
+    assert "        " + versions in check_build.render(info).splitlines()

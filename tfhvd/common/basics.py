@@ -180,6 +180,12 @@ def gpu_code_info() -> str:
     return library.capi().tfhvd_gpu_code_info().decode()
 
 
+def gpu_versions_info() -> str:
+    """The CUDA runtime and NCCL the library was built with and the ones it runs
+    with, and the CUDA driver ("" in a CPU build)."""
+    return library.capi().tfhvd_gpu_versions_info().decode()
+
+
 def gloo_built() -> bool:
     """Whether this build has the Gloo backend (``tfhvdrun --gloo``)."""
     return bool(library.capi().tfhvd_gloo_built())

@@ -114,5 +114,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tfhvd_process_set_info.argtypes = [ctypes.c_int, intp, intp, intp, ctypes.c_int]
     lib.tfhvd_process_set_ids.argtypes = [intp, ctypes.c_int]
     lib.tfhvd_gpu_code_info.restype = ctypes.c_char_p
+    lib.tfhvd_gpu_versions_info.restype = ctypes.c_char_p
     lib.tfhvd_graph_inline_runs.restype = ctypes.c_longlong
     lib.tfhvd_autotune_state.argtypes = errbuf

@@ -31,6 +31,7 @@ class BuildInfo:
     cuda_built: bool = False
     cuda_driver: bool = False
     gpu_code: str = ""
+    gpu_versions: str = ""
     gpu_devices: int = 0
     library: Optional[str] = None
     error: Optional[str] = None
@@ -58,6 +59,7 @@ def gather() -> BuildInfo:
         info.nccl = basics.nccl_built()
         info.cuda_built = basics.cuda_built()
         info.gpu_code = basics.gpu_code_info()
+        info.gpu_versions = basics.gpu_versions_info()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         info.error = "%s: %s" % (type(e).__name__, e)
         return info
@@ -103,7 +105,8 @@ def render(info: BuildInfo) -> str:
         "",
         "CUDA:",
         "    %s built with CUDA" % _mark(info.cuda_built),
-    ] + (["        device code by %s" % info.gpu_code] if info.gpu_code else []) + [
+    ] + (["        device code by %s" % info.gpu_code] if info.gpu_code else []) + (
+        ["        %s" % info.gpu_versions] if info.gpu_versions else []) + [
         "    %s CUDA driver present on this machine (%d GPU device%s)" % (
             _mark(info.cuda_driver), info.gpu_devices, "" if info.gpu_devices == 1 else "s"),
     ]

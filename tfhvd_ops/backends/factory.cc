@@ -133,6 +133,7 @@ BuildInfo GetBuildInfo() {
   info.nccl = true;
   info.cuda = true;
   info.device_code = NcclDeviceCodeInfo();
+  info.gpu_versions = NcclVersionsInfo();
 #endif
   return info;
 }

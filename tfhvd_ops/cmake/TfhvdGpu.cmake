@@ -16,7 +16,8 @@ set(TFHVD_CUDA_INCLUDE "" CACHE STRING "CUDA runtime header folders")
 set(TFHVD_CUDART_LIB "" CACHE FILEPATH "libcudart")
 set(TFHVD_NCCL_INCLUDE "" CACHE PATH "folder of nccl.h")
 set(TFHVD_NCCL_LIB "" CACHE FILEPATH "libnccl")
-set(TFHVD_CUDA_ARCHS "80;90" CACHE STRING "GPU architectures (sm_XX) of the device code")
+set(TFHVD_CUDA_ARCHS "70;75;80;86;89;90;100;120" CACHE STRING
+    "GPU architectures (sm_XX) of the device code; those the compiler lacks are left out")
 
 foreach(var TFHVD_DEVICE_TOOL TFHVD_PYTHON TFHVD_CUDART_LIB TFHVD_NCCL_LIB)
   if(NOT EXISTS "${${var}}")
@@ -30,7 +31,7 @@ if(NOT EXISTS "${TFHVD_NCCL_INCLUDE}/nccl.h")
   message(FATAL_ERROR "tfhvd GPU build: no nccl.h in TFHVD_NCCL_INCLUDE='${TFHVD_NCCL_INCLUDE}'")
 endif()
 
-# The device code: a cubin per architecture plus PTX of the newest, written
+# The device code: a cubin per architecture plus PTX of the oldest, written
 # as data into device_images.cc (cuda/build_device_code.py) and loaded at
 # run time with the driver API (cuda/device_kernels.cc).  No fatbinary and
 # no host code through a CUDA compiler.

@@ -216,6 +216,9 @@ struct BuildInfo {
   // Which tool built the GPU device code, for which architectures ("" in a
   // CPU build); cuda/device_kernels.h.
   const char* device_code = "";
+  // The CUDA runtime and NCCL this library was built with and the ones it
+  // runs with, and the CUDA driver ("" in a CPU build).
+  const char* gpu_versions = "";
 };
 BuildInfo GetBuildInfo();
 

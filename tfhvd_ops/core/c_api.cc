@@ -234,6 +234,7 @@ int tfhvd_autotune_state(char* buf, int len) {
 int tfhvd_nccl_built(void) { return tfhvd::GetBuildInfo().nccl ? 1 : 0; }
 int tfhvd_cuda_built(void) { return tfhvd::GetBuildInfo().cuda ? 1 : 0; }
 const char* tfhvd_gpu_code_info(void) { return tfhvd::GetBuildInfo().device_code; }
+const char* tfhvd_gpu_versions_info(void) { return tfhvd::GetBuildInfo().gpu_versions; }
 
 int tfhvd_parse_settings(char* buf, int len) {
   tfhvd::Settings s;

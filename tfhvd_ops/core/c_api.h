@@ -66,6 +66,9 @@ int tfhvd_cuda_built(void);
 // Which tool built the GPU device code, for which architectures ("" in a CPU
 // build): "NVRTC 12.5 (...): cubin sm_80 sm_90, PTX compute_90".
 const char* tfhvd_gpu_code_info(void);
+// The CUDA runtime and NCCL the library was built with and runs with, and the
+// CUDA driver ("" in a CPU build).
+const char* tfhvd_gpu_versions_info(void);
 // Parses the settings from the environment into `buf` ("key=value" lines).
 int tfhvd_parse_settings(char* buf, int len);
 int tfhvd_start_timeline(const char* path, int mark_cycles, char* err, int errlen);

@@ -1,5 +1,5 @@
 """Compiles tfhvd's CUDA kernels (gpu_kernels.cu) to a cubin per
-architecture plus PTX of the newest, and writes them as data into a C++
+architecture plus PTX of the oldest, and writes them as data into a C++
 file (device_images.cc) that the library links; device_kernels.cc loads
 them with the driver API.  No fatbinary, no host code through a CUDA
 compiler.
@@ -10,6 +10,12 @@ Compilers (``--compiler``):
          called through ctypes.  The default of a GPU build.
   nvcc   a CUDA toolkit's nvcc (-cubin / -ptx): TFHVD_CUDA_HOME, or the
          explicitly named compile-check fallback of another CUDA major.
+
+Architectures (``--archs``, default :data:`DEFAULT_ARCHS`: every NVIDIA
+generation TensorFlow 2.21 runs on, Volta to Blackwell) that the compiler
+does not know are left out with a note; the PTX of the oldest kept one lets
+any newer GPU (one the compiler predates included) compile the kernel at load
+time (the driver's JIT).
 
 Run by CMake (tfhvd_ops/cmake/TfhvdGpu.cmake) and tests/gpu/device_check.sh.
 """
@@ -24,6 +30,7 @@ import tempfile
 from typing import List, Tuple
 
 Image = Tuple[str, int, bytes]  # kind ("cubin" | "ptx"), arch, bytes
+DEFAULT_ARCHS = "70;75;80;86;89;90;100;120"
 KERNEL = "tfhvd_batched_scaled_copy"  # TFHVD_BATCHED_COPY_KERNEL (gpu_kernels.h)
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_kernels.h")
 
@@ -39,7 +46,7 @@ def _nvrtc(lib_path: str, source: str, includes: List[str], archs: List[int],
         text = f.read()
     images: List[Image] = []
     release = ""
-    targets = [("cubin", a) for a in archs] + [("ptx", archs[-1])]
+    targets = [("cubin", a) for a in archs] + [("ptx", archs[0])]
     for kind, arch in targets:
         prog = ctypes.c_void_p()
         r = lib.nvrtcCreateProgram(ctypes.byref(prog), text, os.path.basename(source).encode(),
@@ -74,6 +81,40 @@ def _nvrtc(lib_path: str, source: str, includes: List[str], archs: List[int],
     return images, "NVRTC %d.%d (%s)" % (major.value, minor.value, release or "release unknown")
 
 
+def nvrtc_archs(lib_path: str) -> List[int]:
+    """The sm_XX this NVRTC compiles for (nvrtcGetSupportedArchs)."""
+    lib = ctypes.CDLL(lib_path)
+    n = ctypes.c_int()
+    if lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)) != 0:
+        return []
+    arr = (ctypes.c_int * n.value)()
+    if lib.nvrtcGetSupportedArchs(arr) != 0:
+        return []
+    return sorted(set(arr))
+
+
+def nvcc_archs(nvcc: str) -> List[int]:
+    """The sm_XX this nvcc compiles for (``nvcc --list-gpu-code``)."""
+    out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True).stdout
+    return sorted({int(m.group(1)) for m in re.finditer(r"\bsm_(\d+)\b", out)})
+
+
+def keep_known(archs: List[int], known: List[int], tool: str) -> List[int]:
+    """``archs`` less those the compiler does not know (a note names them);
+    all of them when the compiler cannot say."""
+    if not known:
+        return archs
+    kept = [a for a in archs if a in known]
+    dropped = [a for a in archs if a not in known]
+    if not kept:
+        raise SystemExit("%s compiles none of sm %s (it knows sm %s)" % (
+            tool, " ".join(map(str, archs)), " ".join(map(str, known))))
+    if dropped:
+        print("tfhvd device code: %s does not know sm %s; left out (those GPUs JIT the PTX of "
+              "compute_%d)" % (tool, " ".join(map(str, dropped)), kept[0]))
+    return kept
+
+
 def _nvcc(nvcc: str, source: str, includes: List[str], archs: List[int],
           defines: List[str]) -> Tuple[List[Image], str]:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
@@ -82,7 +123,7 @@ def _nvcc(nvcc: str, source: str, includes: List[str], archs: List[int],
     vm = re.search(r"release (\d+\.\d+)", release)
     images: List[Image] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, arch in [("cubin", a) for a in archs] + [("ptx", archs[-1])]:
+        for kind, arch in [("cubin", a) for a in archs] + [("ptx", archs[0])]:
             path = os.path.join(tmp, "k.%s" % kind)
             flag = ["-cubin", "-arch=sm_%d" % arch] if kind == "cubin" else \
                 ["-ptx", "-arch=compute_%d" % arch]
@@ -143,13 +184,15 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--tool", required=True, help="libnvrtc.so.N or nvcc")
     ap.add_argument("--include", action="append", default=[])
     ap.add_argument("--define", action="append", default=[])
-    ap.add_argument("--archs", default="80;90")
+    ap.add_argument("--archs", default=DEFAULT_ARCHS)
     ap.add_argument("--source", required=True)
     ap.add_argument("--output", required=True)
     a = ap.parse_args(argv)
     archs = sorted(int(x.rstrip("a")) for x in re.split(r"[;, ]+", a.archs) if x)
     includes = [d for inc in a.include for d in inc.split(";") if d]
     build = _nvrtc if a.compiler == "nvrtc" else _nvcc
+    known = nvrtc_archs(a.tool) if a.compiler == "nvrtc" else nvcc_archs(a.tool)
+    archs = keep_known(archs, known, os.path.basename(a.tool))
     images, tool = build(a.tool, a.source, includes, archs, a.define)
     _check(images)
     info = describe(images, tool)

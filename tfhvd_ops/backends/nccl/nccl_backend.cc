@@ -2,8 +2,12 @@
 
 #include "nccl_collectives.h"
 
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 namespace tfhvd {
@@ -90,5 +94,43 @@ Status CreateNcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> ho
 }
 
 const char* NcclDeviceCodeInfo() { return cuda::kDeviceCodeInfo; }
+
+namespace {
+
+std::string CudaVersionString(int v) {  // CUDART_VERSION style: 12050 -> "12.5"
+  if (v <= 0) return "none";
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+std::string NcclVersionString(int v) {  // NCCL_VERSION_CODE, both of its layouts
+  if (v <= 0) return "unknown";
+  const bool wide = v >= 20900;  // from 2.9: major * 10000 + minor * 100 + patch
+  const int major = wide ? v / 10000 : v / 1000;
+  const int minor = wide ? (v % 10000) / 100 : (v % 1000) / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+}
+
+}  // namespace
+
+const char* NcclVersionsInfo() {
+  // In a TensorFlow process these calls may reach TensorFlow's own CUDA
+  // stubs, which fail where TensorFlow finds no CUDA libraries: then the
+  // version is "unavailable", with the reason.
+  static const std::string info = [] {
+    int runtime = 0, driver = 0, nccl = 0;
+    std::string runtime_s, nccl_s;
+    const cudaError_t re = cudaRuntimeGetVersion(&runtime);
+    runtime_s = re == cudaSuccess ? CudaVersionString(runtime)
+                                  : std::string("unavailable (") + cudaGetErrorName(re) + ")";
+    const ncclResult_t nr = ncclGetVersion(&nccl);
+    nccl_s = nr == ncclSuccess ? NcclVersionString(nccl)
+                               : std::string("unavailable (") + ncclGetErrorString(nr) + ")";
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    return "built with CUDA runtime " + CudaVersionString(CUDART_VERSION) + ", NCCL " +
+           NcclVersionString(NCCL_VERSION_CODE) + "; runs with CUDA runtime " + runtime_s +
+           ", NCCL " + nccl_s + ", CUDA driver " + CudaVersionString(driver);
+  }();
+  return info.c_str();
+}
 
 }  // namespace tfhvd

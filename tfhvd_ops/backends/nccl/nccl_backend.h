@@ -30,6 +30,9 @@ Status CreateNcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> ho
 
 // Which tool built the embedded device code, for which architectures.
 const char* NcclDeviceCodeInfo();
+// "built with CUDA runtime 12.5, NCCL 2.27.7; runs with CUDA runtime 12.5,
+// NCCL 2.27.7, CUDA driver 13.0" (the driver "none" where there is none).
+const char* NcclVersionsInfo();
 
 }  // namespace tfhvd
 
