@@ -31,6 +31,9 @@ DEVICE_FREE = {
 }
 # op -> its host-memory arguments on a GPU, in a NCCL build with every op.
 COLLECTIVES = {
+    # hvd.broadcast_ of TF1 reference and resource variables on a GPU.
+    "HorovodBroadcastInplace": [],
+    "HorovodBroadcastInplaceResource": ["resources"],
     "HorovodAllreduce": [],
     "HorovodGroupedAllreduce": [],
     "HorovodAllgather": [],

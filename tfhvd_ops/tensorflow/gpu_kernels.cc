@@ -16,6 +16,7 @@
 // the registration declares HostMemory), that entry stays a host entry
 // (device -1) and goes over the CPU transport; every rank does the same, so
 // ranks agree.
+#include "inplace_kernels.h"
 #include "kernels.h"
 
 #include "xla/stream_executor/stream.h"
@@ -111,6 +112,40 @@ REGISTER_KERNEL_BUILDER(Name("HorovodAlltoall")
                             .HostMemory("splits")
                             .HostMemory("received_splits"),
                         GpuOp<AlltoallOp>);
+#endif
+#if TFHVD_GPU_BROADCAST
+// hvd.broadcast_ of variables on a GPU (an implicitly placed TF1 variable
+// included): each variable in device memory becomes a device entry on the
+// op's GPU, with a ready event recorded after its buffers were taken (a
+// non-root rank's fresh buffer included), so NCCL's stream waits for TF's.
+// A variable in host memory (int32) stays a host entry.  One event per
+// variable: broadcast_ runs once, at the start of training.
+template <class Op>
+class GpuInplaceOp : public Op {
+ public:
+  explicit GpuInplaceOp(OpKernelConstruction* c) : Op(c) {}
+
+ protected:
+  bool DriveOnCaller() const override { return false; }
+  absl::Status PlaceEntry(OpKernelContext* ctx, int i, core::TensorTableEntry* e) override {
+    if (!InDeviceMemory(static_cast<TFTensor*>(e->input.get())->tf())) return absl::OkStatus();
+    GpuStream s;
+    TF_RETURN_IF_ERROR(OpStream(ctx, &s));
+    std::shared_ptr<core::ReadyEvent> ev;
+    TF_RETURN_IF_ERROR(ToTF(core::RecordReadyEvent(s.device, s.stream, &ev)));
+    e->params.device = s.device;
+    static_cast<TFTensor*>(e->input.get())->set_ready_event(ev);
+    static_cast<TFTensor*>(e->output.get())->set_ready_event(ev);
+    return absl::OkStatus();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("HorovodBroadcastInplace").Device(DEVICE_GPU),
+                        GpuInplaceOp<BroadcastInplaceRefOp>);
+REGISTER_KERNEL_BUILDER(Name("HorovodBroadcastInplaceResource")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resources"),
+                        GpuInplaceOp<BroadcastInplaceResourceOp>);
 #endif
 #if TFHVD_GPU_REDUCESCATTER
 REGISTER_KERNEL_BUILDER(Name("HorovodReducescatter").Device(DEVICE_GPU), GpuOp<ReducescatterOp>);
