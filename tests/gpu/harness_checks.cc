@@ -34,7 +34,8 @@ std::string Compare(const std::vector<double>& got, const std::vector<double>& w
     return "got " + std::to_string(got.size()) + " elements, want " + std::to_string(want.size());
   }
   for (size_t i = 0; i < got.size(); ++i) {
-    if (std::fabs(got[i] - want[i]) > tol * (1 + std::fabs(want[i]))) {
+    // (Written so that a NaN, e.g. never-written 0xff bytes, is a mismatch.)
+    if (!(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])))) {
       std::ostringstream o;
       o << "element " << i << ": got " << got[i] << ", want " << want[i];
       return o.str();
@@ -205,13 +206,15 @@ std::string Ordering(const Env& env) {
   cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float));
   for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(Value(env.rank, i));
   auto in = std::make_shared<Buffer>(DataType::kFloat32, core::Shape{n}, env.device);
+  // The output first: allocation synchronises the device, which would finish
+  // the copy below before the collective is even asked for.
+  Op o = MakeOp("ordering", CollectiveType::kAllreduce, in);
   cudaMemcpyAsync(in->mutable_data(), host, n * sizeof(float), cudaMemcpyHostToDevice, fw);
   std::shared_ptr<core::ReadyEvent> ev;
   core::Status st = core::RecordReadyEvent(env.device, fw, &ev);
   std::string why = Failed(st);
   if (why.empty()) {
     in->set_ready_event(ev);
-    Op o = MakeOp("ordering", CollectiveType::kAllreduce, in);
     why = Failed(Run({&o}));
     if (why.empty()) {
       std::vector<double> got = ReadTensor(*Output(o)), want(n);

@@ -1,7 +1,7 @@
 // tfhvd_nccl_harness: checks tfhvd's NCCL backend without TensorFlow.
 //
 //   tfhvd_nccl_harness [--bench] [--bench-copy] [--bench-step] [--iters N] [--require-gpu]
-//                      [--host]
+//                      [--host] [--only TEXT] [--flat]
 //   mpirun -np <GPUs> tfhvd_nccl_harness            (the MPI build, CMake)
 //   TFHVD_HARNESS_RANK=r TFHVD_HARNESS_SIZE=n ...   (the socket build of
 //                                                    tests/gpu/device_check.sh)
@@ -14,7 +14,10 @@
 // allreduce tables (microseconds per call, waited and pipelined, against raw
 // NCCL); --bench-copy: the copy/scale kernels against cudaMemcpyAsync;
 // --bench-step: a training step's gradients (harness_step.cc).  --host: the same runtime and transports on host tensors, no
-// GPU needed (a CPU machine checks the harness's own plumbing so).  The last
+// GPU needed (a CPU machine checks the harness's own plumbing so).  --only
+// TEXT: only the checks whose name contains TEXT (the fault cases of
+// tests/gpu/fake_cuda/run_fake_gpu.sh); --flat: without the hierarchical
+// round (after a fault the device may be stuck for good).  The last
 // line is "N passed, N failed".
 #include <unistd.h>
 
@@ -271,7 +274,9 @@ bool Init(bool hierarchical, harness::Env* env) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout's kill
   bool bench = false, bench_copy = false, bench_step = false, require_gpu = false, host = false;
+  bool flat_only = false;
   int iters = 20;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bench")) bench = true;
     if (!std::strcmp(argv[i], "--bench-copy")) bench_copy = true;
@@ -279,6 +284,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--require-gpu")) require_gpu = true;
     if (!std::strcmp(argv[i], "--host")) host = true;
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--flat")) flat_only = true;
   }
   std::printf("tfhvd NCCL harness: NCCL built in: %s; device code: %s\n",
               tfhvd_nccl_built() ? "yes" : "no", tfhvd_gpu_code_info());
@@ -300,9 +307,17 @@ int main(int argc, char** argv) {
   }
   std::vector<std::pair<std::string, harness::Check>> checks;
   harness::AddChecks(!host, &checks);
+  if (!only.empty()) {
+    std::vector<std::pair<std::string, harness::Check>> chosen;
+    for (auto& c : checks) {
+      if (c.first.find(only) != std::string::npos) chosen.push_back(c);
+    }
+    checks.swap(chosen);
+  }
   int passed = 0, failed = 0;
   harness::Env env;
   for (bool hierarchical : {false, true}) {
+    if (hierarchical && flat_only) break;
     if (!Init(hierarchical, &env)) return 1;
     env.device = host ? -1 : env.local_rank % count;
     if (!host) cudaSetDevice(env.device);

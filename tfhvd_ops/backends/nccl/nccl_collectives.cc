@@ -95,10 +95,12 @@ NcclCollectives::~NcclCollectives() {
   // What is in flight completes first (the finalizer's watchdog keeps its
   // deadline).  After a failure a wait may never end: what is pending fails
   // now, and the stuck thread, the stream and the buffers it may still use
-  // are left behind.
+  // are left behind.  (Pending() may be 0 while a wait is still stuck: the
+  // watchdog's FailPending delivered its result already, as after a
+  // timeout or an NCCL async error in a one-rank job.)
   bool stuck = false;
   if (finalizer_ != nullptr) {
-    if (is_broken_ && finalizer_->Pending() > 0) {
+    if (is_broken_) {
       stuck = true;
       finalizer_->FailPending(Sticky());
       finalizer_->Abandon();
@@ -266,10 +268,17 @@ Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclCo
   TFHVD_RETURN_IF_ERROR(AgreeOneRankPerGpu(over, nranks, seat, what));
   // Step 2: rank 0's id to everyone.
   TFHVD_RETURN_IF_ERROR(over->Broadcast(&id, sizeof(id), 0));
-  // Step 3: the communicator itself.
-  st = NcclStatus(ncclCommInitRank(comm, nranks, id, rank), "ncclCommInitRank", topo_.rank,
-                  device_, nullptr);
+  // Step 3: the communicator itself.  It waits for every rank: a rank whose
+  // own ncclCommInitRank failed early never comes, so it has a deadline too.
+  ncclResult_t init = ncclSuccess;
+  WithDeadline("creating the NCCL communicator",
+               [&] { init = ncclCommInitRank(comm, nranks, id, rank); });
+  st = NcclStatus(init, "ncclCommInitRank", topo_.rank, device_, nullptr);
   Status all = agree(st.ok() ? std::string() : st.message());
+  if (!all.ok() && !st.ok() && all.message().find(st.message()) == std::string::npos) {
+    // The agreement itself failed (a peer is gone): still name this rank's own failure.
+    all = Status::Internal(st.message() + " (then: " + all.message() + ")");
+  }
   if (!all.ok() && *comm != nullptr) {  // a peer failed: do not wait for it
     ncclCommAbort(*comm);
     *comm = nullptr;
