@@ -43,8 +43,10 @@ Buffer::Buffer(core::DataType dt, core::Shape shape, int device)
     if (cudaMalloc(&data_, bytes_) != cudaSuccess) data_ = nullptr;
     if (data_ != nullptr) cudaMemset(data_, 0xff, bytes_);  // garbage until written
     // The legacy default stream does not order the backend's non-blocking
-    // stream: finish the memset before anyone else touches the buffer.
-    cudaDeviceSynchronize();
+    // stream: finish the memset before anyone else touches the buffer.  (That
+    // stream only: after an injected NCCL failure the backend's stream may be
+    // stuck until its communicator is aborted, as on a GPU.)
+    cudaStreamSynchronize(nullptr);
   } else {
     data_ = std::calloc(1, bytes_);
   }
@@ -147,7 +149,7 @@ void Buffer::Write(const std::vector<double>& values) {
     // A pageable copy may return before its DMA lands, and the backend's
     // stream does not wait for the default stream: synchronise.
     cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice);
-    cudaDeviceSynchronize();
+    cudaStreamSynchronize(nullptr);
   } else if (bytes_ > 0) {
     std::memcpy(data_, host.data(), bytes_);
   }

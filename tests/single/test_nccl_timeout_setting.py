@@ -34,3 +34,19 @@ def test_nccl_timeout_must_be_a_positive_number(clean_env, value):
     clean_env.setenv("TFHVD_NCCL_TIMEOUT", value)
     with pytest.raises(ValueError, match="TFHVD_NCCL_TIMEOUT"):
         hvd.settings()
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, "0"),
+    ({"HOROVOD_ELASTIC": "1"}, "1"),   # what the elastic launchers set
+    ({"TFHVD_ELASTIC": "1"}, "1"),
+])
+def test_elastic_setting_makes_gpu_failures_errors(monkeypatch, env, want):
+    """TFHVD_ELASTIC / HOROVOD_ELASTIC: the NCCL backend keeps a failed GPU
+    collective an error (then aborts its communicators at the reset) instead of
+    ending the job (make test-fake-gpu runs that case)."""
+    for v in ("TFHVD_ELASTIC", "HOROVOD_ELASTIC"):
+        monkeypatch.delenv(v, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert hvd.settings()["elastic"] == want

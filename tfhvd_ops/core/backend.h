@@ -148,6 +148,7 @@ struct BackendOptions {
   LaunchEnv launch;
   int generation = 0;  // how many inits this process has done before this one
   double device_timeout_s = 30.0;       // longest wait for device work (NCCL_TIMEOUT)
+  bool elastic = false;  // an elastic job: a device failure is an error, not the job's end
 };
 
 // Everything a runtime needs from its transports.

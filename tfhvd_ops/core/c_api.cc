@@ -153,6 +153,7 @@ int tfhvd_init(const int* ranks, int nranks, void* comm, char* err, int errlen) 
   opts.launch = settings.launch;
   opts.generation = g.inits++;
   opts.device_timeout_s = settings.nccl_timeout_s;
+  opts.elastic = settings.elastic;
   std::unique_ptr<tfhvd::Backend> backend;
   bool excluded = false;
   st = tfhvd::CreateBackend(opts, &backend, &excluded);

@@ -216,6 +216,7 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
       ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "ELASTIC", &s->elastic));
   if (s->stall_shutdown_time_s > 0) s->nccl_timeout_s = s->stall_shutdown_time_s;
   TFHVD_RETURN_IF_ERROR(ParseDouble(env, "NCCL_TIMEOUT", 0, &s->nccl_timeout_s));
   if (s->nccl_timeout_s <= 0) {
@@ -252,6 +253,7 @@ std::string Settings::ToString() const {
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"
     << "hierarchical_allreduce=" << (hierarchical_allreduce ? 1 : 0) << "\n"
+    << "elastic=" << (elastic ? 1 : 0) << "\n"
     << "controller=" << BackendChoiceName(controller) << "\n"
     << "cpu_operations=" << BackendChoiceName(cpu_operations) << "\n"
     << "gloo_timeout_s=" << launch.timeout_s << "\n"

@@ -90,6 +90,10 @@ struct Settings {
   // else 30, so that a lost peer ends a job within a minute (a healthy
   // collective takes milliseconds once every rank has launched it).
   double nccl_timeout_s = 30.0;
+  // ELASTIC: set by the elastic launchers (HOROVOD_ELASTIC=1).  A failed GPU
+  // collective then aborts its communicators and raises Horovod's internal
+  // error on every rank, so hvd.elastic.run can reset.
+  bool elastic = false;
   BackendChoice controller = BackendChoice::kAuto;      // CONTROLLER: gloo|mpi
   BackendChoice cpu_operations = BackendChoice::kAuto;  // CPU_OPERATIONS: gloo|mpi
   LaunchEnv launch;

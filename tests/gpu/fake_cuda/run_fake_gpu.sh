@@ -170,6 +170,30 @@ has nccl-init-error-rank1 0 "creating the NCCL communicator did not finish withi
 has nccl-init-error-rank1 1 "in ncclCommInitRank: unhandled system error" ||
   bad nccl-init-error-rank1 "rank 1 does not report its own ncclCommInitRank failure"
 
+echo "== elastic jobs: a GPU failure is an error, and the next init works"
+# HOROVOD_ELASTIC=1 (what the elastic launchers set): rank 1's NCCL fails in
+# the first (flat) round.  No rank is killed: each gets the failure as an
+# error of its collectives, shuts down (aborting its communicators), and the
+# second round's init builds fresh communicators that pass every check.
+run elastic-reset-after-nccl-error 2 HOROVOD_ELASTIC=1 TFHVD_NCCL_TIMEOUT=3 \
+  r1:TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER=2 -- --only "allreduce sum" && {
+  why=""
+  for r in 0 1; do
+    [ "${RC[$r]}" = 1 ] || why="${why}rank $r exited ${RC[$r]} (want 1: failed checks, not killed); "
+    [ -n "$(summary elastic-reset-after-nccl-error "$r")" ] || why="${why}rank $r has no summary; "
+    has elastic-reset-after-nccl-error "$r" "ending the job" && why="${why}rank $r ended the job; "
+    grep -q '^FAIL .*\[hierarchical\]' "$WORK/elastic-reset-after-nccl-error.$r.out" &&
+      why="${why}rank $r failed after the reset; "
+  done
+  has elastic-reset-after-nccl-error 1 "TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER" ||
+    why="${why}rank 1 does not name its NCCL error; "
+  has elastic-reset-after-nccl-error 0 "[hierarchical] (rank 0)" ||
+    why="${why}no check ran after the reset; "
+  under "$ELAPSED" 40 || why="${why}took $ELAPSED s; "
+  if [ -z "$why" ]; then ok "elastic-reset-after-nccl-error: errors, then fresh communicators" "$ELAPSED"
+  else bad elastic-reset-after-nccl-error "$why"; fi
+}
+
 echo "== CUDA failures"
 fails_with cuda-sticky-error 1 10 "cudaErrorIllegalAddress" \
   TFHVD_FAKE_CUDA_STICKY_ERROR_AFTER=3 -- "${one[@]}"

@@ -19,7 +19,7 @@ namespace {
 class NcclBackend : public Backend {
  public:
   NcclBackend(const BackendOptions& opts, std::unique_ptr<Backend> host)
-      : host_(std::move(host)), timeout_s_(opts.device_timeout_s) {
+      : host_(std::move(host)), timeout_s_(opts.device_timeout_s), elastic_(opts.elastic) {
     NcclPeers peers;
     peers.host = host_->collectives(-1);
     if (opts.hierarchical_allreduce) {
@@ -27,7 +27,8 @@ class NcclBackend : public Backend {
       peers.cross = host_->cross_collectives();
     }
     gpu_ = std::make_unique<NcclCollectives>(host_->topology(), peers,
-                                             opts.hierarchical_allreduce, opts.device_timeout_s);
+                                             opts.hierarchical_allreduce, opts.device_timeout_s,
+                                             opts.elastic);
   }
 
   const Topology& topology() const override { return host_->topology(); }
@@ -62,7 +63,8 @@ class NcclBackend : public Backend {
       topo.local_size = set_size;
       NcclPeers peers;
       peers.host = host;
-      gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false, timeout_s_);
+      gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false, timeout_s_,
+                                              elastic_);
     }
     gpu->Select(device);
     return gpu.get();
@@ -77,6 +79,7 @@ class NcclBackend : public Backend {
  private:
   std::unique_ptr<Backend> host_;
   double timeout_s_;  // the longest wait for device work (TFHVD_NCCL_TIMEOUT)
+  bool elastic_;      // an elastic job: a device failure is an error (NcclCollectives)
   std::unique_ptr<NcclCollectives> gpu_;
   std::mutex sets_mu_;
   std::map<std::pair<int, int>, std::unique_ptr<NcclCollectives>> sets_;  // (set, device)

@@ -84,8 +84,9 @@ char* At(void* p, int64_t off) { return static_cast<char*>(p) + off; }
 }  // namespace
 
 NcclCollectives::NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical,
-                                 double timeout_s)
-    : topo_(topo), peers_(peers), hierarchical_(hierarchical), timeout_s_(timeout_s) {}
+                                 double timeout_s, bool elastic)
+    : topo_(topo), peers_(peers), hierarchical_(hierarchical), timeout_s_(timeout_s),
+      elastic_(elastic) {}
 
 NcclCollectives::~NcclCollectives() {
   if (device_ < 0) return;
@@ -124,6 +125,11 @@ NcclCollectives::~NcclCollectives() {
       }
     });
   }
+  // An elastic job's failure: abort the communicators, so a stuck NCCL kernel
+  // ends and the next init's communicators get the GPU.  ncclCommAbort does
+  // not wait for the peers; it still runs on a thread of its own, waited for
+  // up to the deadline, so that a reset never hangs on it.
+  if (is_broken_ && elastic_) AbortCommunicators();
   if (!stuck) {
     if (fusion_ != nullptr) cudaFree(fusion_);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -159,7 +165,7 @@ Status NcclCollectives::Broken(const Status& st) {
   // so neither is safe here: the job ends through the host transport's
   // abort, with the reason on this rank's stderr.  One rank has no peers to
   // strand: there the error stays a value, and sticky.
-  if (topo_.size > 1) {
+  if (topo_.size > 1 && !elastic_) {
     std::fprintf(stderr,
                  "%s\ntfhvd: rank %d gives up on its GPU collectives (its peers would wait for "
                  "it forever): ending the job\n",
@@ -168,11 +174,47 @@ Status NcclCollectives::Broken(const Status& st) {
     std::fflush(stderr);
     AbortTransports(1);
   }
+  if (topo_.size > 1) {
+    std::fprintf(stderr,
+                 "%s\ntfhvd: rank %d: its GPU collectives failed; an elastic job resets (the "
+                 "NCCL communicators are aborted at shutdown)\n",
+                 st.message().c_str(), topo_.rank);
+    std::fflush(stderr);
+  }
   const std::string msg = st.message() + "; GPU collectives cannot run again in this job";
   broken_ = st.code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
                                                       : Status::Aborted(msg);
   is_broken_ = true;
   return broken_;
+}
+
+void NcclCollectives::AbortCommunicators() {
+  std::vector<ncclComm_t> comms;
+  for (ncclComm_t* c : {&comm_, &local_comm_}) {
+    if (*c != nullptr) comms.push_back(*c);
+    *c = nullptr;
+  }
+  if (comms.empty()) return;
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([comms, shared] {
+    for (ncclComm_t c : comms) ncclCommAbort(c);
+    std::lock_guard<std::mutex> l(shared->mu);
+    shared->done = true;
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> l(shared->mu);
+  if (!shared->cv.wait_for(l, std::chrono::duration<double>(timeout_s_),
+                           [&] { return shared->done; })) {
+    std::fprintf(stderr,
+                 "tfhvd: rank %d: ncclCommAbort did not return within %.0f s "
+                 "(TFHVD_NCCL_TIMEOUT); its communicators are left behind\n",
+                 topo_.rank, timeout_s_);
+  }
 }
 
 void NcclCollectives::WithDeadline(const char* what, const std::function<void()>& work) {

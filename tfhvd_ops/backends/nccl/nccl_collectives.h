@@ -30,7 +30,13 @@
 // way over the local host collectives, on the first hierarchical allreduce.
 //
 // Errors: every CUDA and NCCL result is checked and carries the library's
-// message, the rank and the GPU.  Every wait for the stream has a deadline
+// message, the rank and the GPU.  In an elastic job (TFHVD_ELASTIC, which
+// the elastic launchers set) a failure stays a sticky error on every path
+// below: what is in flight and every later call fail with it (Python sees
+// HorovodInternalError), and the destructor (hvd.elastic.run's reset)
+// aborts the communicators with ncclCommAbort, which also ends a stuck NCCL
+// kernel, so the next init builds fresh ones; peers still waiting in a
+// collective see the abort as NCCL's remote error or reach their deadline.  Every wait for the stream has a deadline
 // (TFHVD_NCCL_TIMEOUT, else the stall-shutdown time, else 30 s) and
 // watches ncclCommGetAsyncError (the finalizer's watchdog, every 50 ms while
 // work is in flight; WaitStream on the loop's own few waits).  A failure that only this rank sees (a lost peer,
@@ -77,8 +83,11 @@ struct NcclPeers {
 
 class NcclCollectives : public Collectives {
  public:
-  // `timeout_s`: the longest wait for device work (TFHVD_NCCL_TIMEOUT).
-  NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical, double timeout_s);
+  // `timeout_s`: the longest wait for device work (TFHVD_NCCL_TIMEOUT);
+  // `elastic`: an elastic job (TFHVD_ELASTIC / HOROVOD_ELASTIC), where a
+  // failure is an error of the collectives, not the end of the job.
+  NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical, double timeout_s,
+                  bool elastic = false);
   ~NcclCollectives() override;
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
@@ -125,14 +134,18 @@ class NcclCollectives : public Collectives {
   // Polls the stream and NCCL's async errors until the stream drained, at
   // most timeout_s_; returns broken_ once drained.
   Status WaitStream(const char* what);
+  // ncclCommAbort on every communicator, waited for at most the deadline.
+  void AbortCommunicators();
   // Runs `work` (a blocking NCCL call that waits for peers); past the
-  // deadline a watchdog ends the job.
+  // deadline a watchdog ends the job (an elastic job too: its driver then
+  // goes on without this process).
   void WithDeadline(const char* what, const std::function<void()>& work);
   Status Nccl(ncclResult_t r, const char* what, ncclComm_t comm);
   Status Cuda(cudaError_t e, const char* what);
   // Any failure but a deterministic argument check (which every rank sees
-  // alike): with peers, ends the job (they may wait for this rank inside a
-  // collective); alone, makes the failure sticky.
+  // alike): with peers, in a job that is not elastic, ends the job (they may
+  // wait for this rank inside a collective); alone, or in an elastic job,
+  // makes the failure sticky (the destructor then aborts the communicators).
   Status Broken(const Status& st);
   // The sticky failure, or OK; any thread.
   Status Sticky() const;
@@ -147,6 +160,7 @@ class NcclCollectives : public Collectives {
   NcclPeers peers_;
   bool hierarchical_;
   double timeout_s_;
+  bool elastic_;
   int requested_ = -1;
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
