@@ -272,8 +272,7 @@ Status NcclCollectives::EnsureDevice() {
   fo.on_start = [want] { cudaSetDevice(want); };
   fo.watch = [this](Finalizer::Clock::duration oldest) { Watch(oldest); };
   finalizer_ = std::make_unique<Finalizer>(std::move(fo));
-  Status st = kernels_.Load(device_);
-  return st.ok() ? st : Broken(st);
+  return Status::OK();  // the copy/scale kernels load at their first use (Flush)
 }
 
 Status NcclCollectives::InitComm(Collectives* over, int nranks, int rank, ncclComm_t* comm,
@@ -339,9 +338,36 @@ Status NcclCollectives::BeginCollective() {
 
 Status NcclCollectives::Flush() {
   if (batch_.n == 0) return Status::OK();
-  Status st = kernels_.LaunchBatchedScaledCopy(batch_, stream_);
+  // The kernels load the first time a copy is queued.  Where they cannot
+  // (a GPU the library holds no image for, a driver too old for its PTX),
+  // that is no failure of the job: plain copies go through
+  // cudaMemcpyAsync, and only a copy that scales fails, as an error of its
+  // collective; every rank that scales the same tensors fails alike.
+  if (kernels_state_ == KernelsState::kUnknown) {
+    kernels_error_ = kernels_.Load(device_);
+    kernels_state_ = kernels_error_.ok() ? KernelsState::kLoaded : KernelsState::kUnavailable;
+  }
+  if (kernels_state_ == KernelsState::kLoaded) {
+    Status st = kernels_.LaunchBatchedScaledCopy(batch_, stream_);
+    batch_.n = 0;
+    return st.ok() ? st : Broken(st);
+  }
+  const int n = batch_.n;
   batch_.n = 0;
-  return st.ok() ? st : Broken(st);
+  for (int i = 0; i < n; ++i) {
+    const cuda::CopyTask& t = batch_.tasks[i];
+    if (t.factor != 1.0) {
+      return Status::InvalidArgument(
+          kernels_error_.message() + "; this collective scales on the GPU (an average, a "
+          "prescale or postscale factor), which needs them (plain copies still run)");
+    }
+    TFHVD_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(t.dst, t.src,
+                                               t.count * DataTypeSize(
+                                                   static_cast<DataType>(t.dtype)),
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "cudaMemcpyAsync"));
+  }
+  return Status::OK();
 }
 
 Status NcclCollectives::WaitStream(const char* what) {

@@ -182,6 +182,11 @@ class NcclCollectives : public Collectives {
   void* scratch_ = nullptr;           // barrier
   cuda::CopyBatch batch_;
   cuda::DeviceKernels kernels_;       // the embedded copy/scale kernels
+  // Loaded at the first queued copy (Flush); unavailable: plain copies use
+  // cudaMemcpyAsync and a scaling copy is an error naming kernels_error_.
+  enum class KernelsState { kUnknown, kLoaded, kUnavailable };
+  KernelsState kernels_state_ = KernelsState::kUnknown;
+  Status kernels_error_;
 };
 
 }  // namespace tfhvd
