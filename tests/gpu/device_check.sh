@@ -26,6 +26,15 @@
 # pipelined), a training step's gradients (ResNet-50, BERT-base) against raw
 # NCCL, and (1 rank) the copy/scale kernels against cudaMemcpyAsync.
 #
+# Device code: by default what ships, the NVRTC (CUDA 12) images that
+# `make gpu-build` embeds (build-gpu/cuda/device_images.cc, or
+# TFHVD_DEVICE_IMAGES); where there is none, or with
+# TFHVD_DEVICE_COMPILER=nvcc, this machine's nvcc compiles the kernels.
+#
+# A lost peer: two ranks run allreduces in a loop, rank 1 is killed
+# (SIGKILL), and rank 0 must end non-zero within its TFHVD_NCCL_TIMEOUT (20 s
+# here) plus 15 s, naming NCCL or the deadline.
+#
 # Output: the log in $OUT (when set, e.g. by a device runner) or the build
 # folder; the last line is "N passed, M failed" (checks counted per rank).
 # Exit: 0 all passed; 1 a failure; 2 cannot configure or build; 3 no GPU on
@@ -86,12 +95,19 @@ for d in "${cuda_inc[@]}"; do INCLUDES+=("-I$d"); done
 
 OPS="$ROOT/tfhvd_ops"
 start=$(date +%s)
-say "== device code: $NVCC for sm $ARCHS"
-if ! timeout 300 python3 "$OPS/cuda/build_device_code.py" --compiler nvcc --tool "$NVCC" \
-    --archs "$ARCHS" --source "$OPS/cuda/gpu_kernels.cu" --output "$BUILD/device_images.cc" \
-    2>&1 | tee -a "$LOG"; then
-  say "device check: the device code did not compile"
-  exit 2
+IMAGES="${TFHVD_DEVICE_IMAGES:-$ROOT/build-gpu/cuda/device_images.cc}"
+if [ "${TFHVD_DEVICE_COMPILER:-}" != nvcc ] && [ -f "$IMAGES" ]; then
+  say "== device code: what ships ($IMAGES, from make gpu-build)"
+  grep -o 'kDeviceCodeInfo\[\] = "[^"]*"' "$IMAGES" | tee -a "$LOG"
+  cp "$IMAGES" "$BUILD/device_images.cc"
+else
+  say "== device code: $NVCC for sm $ARCHS (no shipped images at $IMAGES, or TFHVD_DEVICE_COMPILER=nvcc)"
+  if ! timeout 300 python3 "$OPS/cuda/build_device_code.py" --compiler nvcc --tool "$NVCC" \
+      --archs "$ARCHS" --source "$OPS/cuda/gpu_kernels.cu" --output "$BUILD/device_images.cc" \
+      2>&1 | tee -a "$LOG"; then
+    say "device check: the device code did not compile"
+    exit 2
+  fi
 fi
 SOURCES=("$OPS"/core/*.cc "$OPS"/backends/nccl/*.cc "$OPS"/backends/tcp/*.cc
          "$OPS/cuda/device_kernels.cc" "$BUILD/device_images.cc"
@@ -220,6 +236,37 @@ say "== 1 rank: every check, the allreduce and training-step tables, the copy/sc
 one_rank rank1 --require-gpu --bench --bench-step --bench-copy --iters "$ITERS"
 say "== 2 ranks on GPU 0 (NCCL_HOSTID per rank, P2P and SHM off, loopback sockets)"
 two_ranks rank2 --require-gpu --bench --bench-step --iters "$ITERS"
+
+say "== a lost peer: rank 1 is killed while both run allreduces; rank 0 must end in time"
+lost_peer() {
+  local port=$((20000 + RANDOM % 20000)) pids=() r rc t0 took deadline=20
+  for r in 0 1; do
+    TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
+      NCCL_HOSTID="tfhvd-device-check-rank$r" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+      NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo TFHVD_NCCL_TIMEOUT=$deadline \
+      timeout -k 5 "$RUN_TIMEOUT" "$HARNESS" --require-gpu --flat --loop 1000000000 \
+      >"$BUILD/lost_peer.$r.out" 2>&1 &
+    pids+=($!)
+  done
+  sleep 20  # both ranks past init and into the loop
+  pkill -9 -P "${pids[1]}" 2>/dev/null  # the harness under rank 1's timeout
+  kill -9 "${pids[1]}" 2>/dev/null
+  t0=$(date +%s)
+  wait "${pids[0]}"
+  rc=$?
+  took=$(( $(date +%s) - t0 ))
+  wait "${pids[1]}" 2>/dev/null
+  tee -a "$LOG" <"$BUILD/lost_peer.0.out"
+  if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ] && [ "$took" -le $((deadline + 15)) ] &&
+      grep -qE "NCCL|TFHVD_NCCL_TIMEOUT" "$BUILD/lost_peer.0.out"; then
+    say "PASS lost peer: rank 0 ended (exit $rc) $took s after rank 1 was killed"
+    passed=$((passed + 1))
+  else
+    say "FAIL lost peer: rank 0 exit $rc, $took s after rank 1 was killed (deadline $deadline s)"
+    failed=$((failed + 1))
+  fi
+}
+lost_peer
 
 say "== device check finished in $(( $(date +%s) - start )) s; log: $LOG"
 say "$passed passed, $failed failed"

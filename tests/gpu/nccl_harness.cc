@@ -1,7 +1,7 @@
 // tfhvd_nccl_harness: checks tfhvd's NCCL backend without TensorFlow.
 //
 //   tfhvd_nccl_harness [--bench] [--bench-copy] [--bench-step] [--iters N] [--require-gpu]
-//                      [--host] [--only TEXT] [--flat]
+//                      [--host] [--only TEXT] [--flat] [--loop N]
 //   mpirun -np <GPUs> tfhvd_nccl_harness            (the MPI build, CMake)
 //   TFHVD_HARNESS_RANK=r TFHVD_HARNESS_SIZE=n ...   (the socket build of
 //                                                    tests/gpu/device_check.sh)
@@ -17,7 +17,9 @@
 // GPU needed (a CPU machine checks the harness's own plumbing so).  --only
 // TEXT: only the checks whose name contains TEXT (the fault cases of
 // tests/gpu/fake_cuda/run_fake_gpu.sh); --flat: without the hierarchical
-// round (after a fault the device may be stuck for good).  The last
+// round (after a fault the device may be stuck for good); --loop N: instead
+// of the checks, N allreduces in a row (a peer is killed meanwhile in the
+// lost-peer runs of device_check.sh and run_fake_gpu.sh).  The last
 // line is "N passed, N failed".
 #include <unistd.h>
 
@@ -278,6 +280,7 @@ int main(int argc, char** argv) {
   bool bench = false, bench_copy = false, bench_step = false, require_gpu = false, host = false;
   bool flat_only = false;
   int iters = 20;
+  long loop = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bench")) bench = true;
@@ -288,6 +291,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--flat")) flat_only = true;
+    if (!std::strcmp(argv[i], "--loop") && i + 1 < argc) loop = std::atol(argv[++i]);
   }
   std::printf("tfhvd NCCL harness: NCCL built in: %s; device code: %s\n",
               tfhvd_nccl_built() ? "yes" : "no", tfhvd_gpu_code_info());
@@ -309,6 +313,20 @@ int main(int argc, char** argv) {
   }
   std::vector<std::pair<std::string, harness::Check>> checks;
   harness::AddChecks(!host, &checks);
+  if (loop > 0) {
+    checks.clear();
+    checks.emplace_back("a loop of allreduces", [loop](const harness::Env& env) {
+      auto in = std::make_shared<harness::Buffer>(harness::core::DataType::kFloat32, harness::core::Shape{1024},
+                                                  env.device);
+      in->Write(std::vector<double>(1024, 1.0));
+      for (long i = 0; i < loop; ++i) {
+        harness::Op o = harness::MakeOp("loop", harness::core::CollectiveType::kAllreduce, in);
+        harness::core::Status st = harness::Run({&o});
+        if (!st.ok()) return "allreduce " + std::to_string(i) + ": " + st.message();
+      }
+      return std::string();
+    });
+  }
   if (!only.empty()) {
     std::vector<std::pair<std::string, harness::Check>> chosen;
     for (auto& c : checks) {

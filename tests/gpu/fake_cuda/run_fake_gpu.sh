@@ -170,6 +170,37 @@ has nccl-init-error-rank1 0 "creating the NCCL communicator did not finish withi
 has nccl-init-error-rank1 1 "in ncclCommInitRank: unhandled system error" ||
   bad nccl-init-error-rank1 "rank 1 does not report its own ncclCommInitRank failure"
 
+# A lost peer: rank 1 is killed (SIGKILL) while both run collectives in a loop;
+# rank 0 must end non-zero within its deadline, naming NCCL or the deadline.
+kill_one_rank() {
+  CASE=kill-one-rank
+  local port=$((20000 + RANDOM % 20000)) start r pids=() why=""
+  for r in 0 1; do
+    env TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
+      TFHVD_FAKE_GPU_BUS_ID="0000:$((41 + r)):00.0" TFHVD_NCCL_TIMEOUT=5 \
+      timeout -k 5 "$RUN_LIMIT" "$HARNESS" --require-gpu --flat --loop 100000000 \
+      >"$WORK/$CASE.$r.out" 2>&1 &
+    pids+=($!)
+  done
+  PIDS=("${pids[@]}")
+  sleep 3
+  pkill -9 -P "${pids[1]}" 2>/dev/null  # the harness under rank 1's timeout
+  kill -9 "${pids[1]}" 2>/dev/null
+  start="$(now)"
+  wait "${pids[0]}"
+  local rc=$?
+  wait "${pids[1]}" 2>/dev/null
+  ELAPSED="$(secs "$start")"
+  KILLED_WAITING=1 cleanup
+  [ "$rc" = 0 ] && why="${why}rank 0 succeeded; "
+  { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && why="${why}rank 0 hung; "
+  grep -qE "NCCL|TFHVD_NCCL_TIMEOUT" "$WORK/$CASE.0.out" || why="${why}rank 0 names neither NCCL nor its deadline; "
+  under "$ELAPSED" 12 || why="${why}rank 0 took $ELAPSED s after the kill; "
+  if [ -z "$why" ]; then ok "$CASE: rank 0 ended (exit $rc) after rank 1 was killed" "$ELAPSED"
+  else bad "$CASE" "$why"; fi
+}
+kill_one_rank
+
 echo "== elastic jobs: a GPU failure is an error, and the next init works"
 # HOROVOD_ELASTIC=1 (what the elastic launchers set): rank 1's NCCL fails in
 # the first (flat) round.  No rank is killed: each gets the failure as an
