@@ -1,165 +1,42 @@
 """Multi-node for real, on one machine: two hosts in two network namespaces.
 
-hostA and hostB are Linux network namespaces joined by a veth pair
+hostA and hostB are Linux network namespaces on one bridge
 (198.18.0.1 and 198.18.0.2: RFC 2544's range for test beds), each with its
 own host name (a UTS namespace) and its own sshd from Debian's
-openssh-server, started with keys this test generates.  From hostA the test
+openssh-server, started with keys made for the test; scripts/netns_hosts.py
+builds them (the network benchmark uses the same helper).  From hostA the test
 runs ``tfhvdrun -np 4 -H hostA:2,hostB:2`` over ssh, with MPI's traffic on
-the veth pair over TCP, and checks the training result equals the same job
+the veth links over TCP, and checks the training result equals the same job
 on one host.  Everything is torn down, even when the test fails.
 """
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 
 from jobs import ROOT, TRAIN, clean_env, result_line, run, tfhvdrun
 
-ADDR = {"hostA": "198.18.0.1", "hostB": "198.18.0.2"}
-IFNAME = "tfhvd0"
-SSH_PORT = 2222
-
-
-def _skip_reason() -> str:
-    if sys.platform != "linux":
-        return "network namespaces are Linux only"
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces and start sshd"
-    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return "needs %s" % tool
-    if not os.path.exists("/usr/sbin/sshd"):
-        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install_sshd.sh")],
-                           capture_output=True, text=True, timeout=600)
-        if r.returncode != 0 or not os.path.exists("/usr/sbin/sshd"):
-            return "sshd (openssh-server) is missing and could not be installed: %s" % (
-                r.stderr.strip()[-300:])
-    probe = "tfhvd-probe-%d" % os.getpid()
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return "cannot create network namespaces here: %s" % r.stderr.strip()
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return ""
-
-
-def _sh(*cmd: str) -> None:
-    subprocess.run(list(cmd), check=True, capture_output=True, text=True, timeout=30)
-
-
-def _counter(ns: str, name: str) -> int:
-    out = subprocess.run(["ip", "netns", "exec", ns, "cat",
-                          "/sys/class/net/%s/statistics/%s" % (IFNAME, name)],
-                         capture_output=True, text=True, check=True, timeout=30)
-    return int(out.stdout)
-
-
-class Cluster:
-    """Two namespaced hosts with sshd; ``close()`` removes all of it."""
-
-    def __init__(self, tmp: str) -> None:
-        tag = str(os.getpid())
-        self.tmp = tmp
-        self.ns = {"hostA": "tfhvdA-" + tag, "hostB": "tfhvdB-" + tag}
-        self.sshd: List[subprocess.Popen] = []
-        self.key = os.path.join(tmp, "id_ed25519")
-        self.ssh_config = os.path.join(tmp, "ssh_config")
-
-    def start(self) -> None:
-        a, b = self.ns["hostA"], self.ns["hostB"]
-        for ns in (a, b):
-            _sh("ip", "netns", "add", ns)
-            # `ip netns exec` shows /etc/netns/NS/hosts as /etc/hosts inside.
-            os.makedirs("/etc/netns/" + ns, exist_ok=True)
-            with open("/etc/netns/%s/hosts" % ns, "w") as f:
-                f.write("127.0.0.1 localhost\n")
-                for host, addr in ADDR.items():
-                    f.write("%s %s\n" % (addr, host))
-        va, vb = "tfA%s" % os.getpid(), "tfB%s" % os.getpid()
-        _sh("ip", "link", "add", va[:15], "type", "veth", "peer", "name", vb[:15])
-        for host, ns, dev in (("hostA", a, va[:15]), ("hostB", b, vb[:15])):
-            _sh("ip", "link", "set", dev, "netns", ns)
-            _sh("ip", "-n", ns, "link", "set", dev, "name", IFNAME)
-            _sh("ip", "-n", ns, "addr", "add", ADDR[host] + "/24", "dev", IFNAME)
-            _sh("ip", "-n", ns, "link", "set", IFNAME, "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        hostkey = os.path.join(self.tmp, "hostkey")
-        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostkey)
-        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.key)
-        auth = os.path.join(self.tmp, "authorized_keys")
-        shutil.copy(self.key + ".pub", auth)
-        os.chmod(auth, 0o600)
-        with open(os.path.join(self.tmp, "sshd_config"), "w") as f:
-            f.write("Port %d\nHostKey %s\nAuthorizedKeysFile %s\nPermitRootLogin "
-                    "prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication "
-                    "no\nUsePAM no\nStrictModes no\nPidFile none\n" % (SSH_PORT, hostkey, auth))
-        with open(self.ssh_config, "w") as f:
-            f.write("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
-                    "  LogLevel ERROR\n")
-        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-        for host in ("hostA", "hostB"):
-            log = open(os.path.join(self.tmp, "sshd-%s.log" % host), "w")
-            self.sshd.append(subprocess.Popen(
-                self.in_host(host, ["/usr/sbin/sshd", "-D", "-e", "-f",
-                                    os.path.join(self.tmp, "sshd_config")]),
-                stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 20
-        while True:
-            r = subprocess.run(self.in_host("hostA", self.ssh_command("hostB") + ["hostname"]),
-                               capture_output=True, text=True, timeout=30)
-            if r.returncode == 0 and r.stdout.strip() == "hostB":
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("sshd on hostB never answered: %s %s" % (r.stdout, r.stderr))
-            time.sleep(0.3)
-
-    def in_host(self, host: str, cmd: List[str]) -> List[str]:
-        """``cmd`` run on ``host``: in its network namespace, with its host name."""
-        return ["ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', host] + cmd
-
-    def ssh_command(self, host: str) -> List[str]:
-        return ["ssh", "-F", self.ssh_config, "-o", "BatchMode=yes", "-p", str(SSH_PORT),
-                "-i", self.key, host]
-
-    def close(self) -> None:
-        for p in self.sshd:
-            p.terminate()
-        for p in self.sshd:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for ns in self.ns.values():
-            # Deleting a namespace deletes its end of the veth pair, and so both.
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-            shutil.rmtree("/etc/netns/" + ns, ignore_errors=True)
-        try:
-            os.rmdir("/etc/netns")  # only when empty: others' entries stay
-        except OSError:
-            pass
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from netns_hosts import IFNAME, SSH_PORT, NetnsHosts, unavailable_reason  # noqa: E402
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    why = _skip_reason()
+    """hostA and hostB (scripts/netns_hosts.py), each with its sshd."""
+    why = unavailable_reason()
     if why:
         pytest.skip(why)
-    c = Cluster(str(tmp_path))
-    try:
-        c.start()
+    with NetnsHosts(2, tmp=str(tmp_path)) as c:
         yield c
-    finally:
-        c.close()
 
 
-def _job_env(cluster: Cluster) -> Dict[str, str]:
+def _job_env(cluster: NetnsHosts) -> Dict[str, str]:
     # mpirun (and tfhvdrun's reachability check) use this ssh for the hosts.
     return clean_env({"OMPI_MCA_plm_rsh_agent": "ssh -F %s" % cluster.ssh_config,
                       "TFHVD_TEST_PROBE": "forwarded"})
@@ -171,12 +48,12 @@ def test_multinode_training_equals_single_host(cluster, backend):
     # transport pinned to the veth interface.
     flags = ["--" + backend]
     script = [sys.executable, TRAIN, "--steps", "4", "--payload-kb", "4096"]
-    before = {k: _counter(cluster.ns["hostB"], k) for k in ("rx_bytes", "tx_bytes")}
+    before = {k: cluster.counter("hostB", k) for k in ("rx_bytes", "tx_bytes")}
     job = run(tfhvdrun() + flags + ["-np", "4", "-H", "hostA:2,hostB:2",
                             "-p", str(SSH_PORT), "-i", cluster.key,
                             "--network-interface", IFNAME, "--start-timeout", "20"] + script,
               prefix=cluster.in_host("hostA", []), env=_job_env(cluster), timeout=300)
-    after = {k: _counter(cluster.ns["hostB"], k) for k in ("rx_bytes", "tx_bytes")}
+    after = {k: cluster.counter("hostB", k) for k in ("rx_bytes", "tx_bytes")}
     assert job.rc == 0, job.explain()
     multi = result_line(job)
     assert multi["size"] == 4 and multi["ranks_agree"], multi
