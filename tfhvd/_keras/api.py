@@ -17,6 +17,7 @@ from tfhvd._keras.optimizer import (REGISTERED_NAME, create_distributed_optimize
 from tfhvd._keras.reduction import GradientReduction, require_initialized
 from tfhvd._keras.sync_batch_norm import sync_batch_norm_class
 from tfhvd.common.basics import check_process_set, global_process_set
+from tfhvd.tensorflow.compression import Compression
 from tfhvd.tensorflow.delayed import check_staleness
 from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
