@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tfhvd.tensorflow as thvd
-from tfhvd.tensorflow.local_sgd import optimizer_slots
+from tfhvd.tensorflow.asynchronous.local_sgd import optimizer_slots
 
 # The same checks run under tf-keras: test_tf_keras_runs_these_checks starts
 # this file as a job of its own with TF_USE_LEGACY_KERAS=1 (async_legacy_job.py).

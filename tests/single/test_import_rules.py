@@ -142,26 +142,36 @@ def test_a_training_process_loads_no_launcher_module():
 
 
 def test_keras_side_uses_the_async_modes_public_interface():
-    """The Keras side of the asynchronous modes (tfhvd/_keras) reaches the
-    TensorFlow side's DelayedGradients through its public interface only
-    (scope, has_reduction, set_reduction, exchange, flush_pairs, ...), and the
-    reduction's modes through its declared attributes, not ``__dict__``."""
+    """The Keras side of the asynchronous modes (tfhvd/tensorflow/asynchronous/
+    keras.py, and the rest of tfhvd/_keras) reaches the TensorFlow side's
+    DelayedGradients through its public interface only (scope, has_reduction,
+    set_reduction, exchange, flush_pairs, ...), imports no private name of
+    another module, and reads the reduction's modes through its declared
+    attributes, not ``__dict__``."""
     import ast
     import glob
 
     import tensorflow as tf  # noqa: F401  (delayed.py builds tf.Modules)
 
-    from tfhvd.tensorflow.delayed import DelayedGradients
+    from tfhvd.tensorflow.asynchronous.delayed import DelayedGradients
 
     private = {name for name in vars(DelayedGradients(name="probe"))
                if name.startswith("_") and not name.startswith("__")}
     assert {"_reduce_fn", "_positions", "_variables", "_scope"} <= private
     reaches = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "tfhvd", "_keras", "*.py"))):
+    paths = sorted(glob.glob(os.path.join(ROOT, "tfhvd", "_keras", "*.py")))
+    paths.append(os.path.join(ROOT, "tfhvd", "tensorflow", "asynchronous", "keras.py"))
+    for path in paths:
         with open(path) as f:
             source = f.read()
         tree, lines = ast.parse(source, path), source.splitlines()
         for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfhvd"):
+                reaches.extend("%s:%d imports %s.%s" % (os.path.basename(path), node.lineno,
+                                                         node.module, alias.name)
+                               for alias in node.names
+                               if alias.name.startswith("_") and not alias.name.startswith("__")
+                               and path.endswith(os.path.join("asynchronous", "keras.py")))
             if isinstance(node, ast.Attribute) and node.attr in private and not (
                     isinstance(node.value, ast.Name) and node.value.id == "self"):
                 reaches.append("%s:%d .%s" % (os.path.basename(path), node.lineno, node.attr))
@@ -170,3 +180,27 @@ def test_keras_side_uses_the_async_modes_public_interface():
                 reaches.append("%s:%d __dict__[%r]" % (os.path.basename(path), node.lineno,
                                                        node.value))
     assert not reaches, "private reaches into the async modes:\n  " + "\n  ".join(reaches)
+
+
+def test_the_async_modes_have_one_home():
+    """Every piece of the asynchronous modes (the stale pipeline, local SGD and
+    their Keras callbacks and hooks) is defined in tfhvd/tensorflow/asynchronous/
+    and nowhere else."""
+    import ast
+    import glob
+
+    pieces = {"DelayedGradients", "LocalSGD", "LocalSGDImpl", "LocalAveraging",
+              "DelayedGradientsCallbackImpl", "check_staleness", "check_local_sgd_arguments",
+              "average_variables", "attach_delayed", "flush_optimizer", "tape_gradients"}
+    home = os.path.join(ROOT, "tfhvd", "tensorflow", "asynchronous") + os.sep
+    found: dict = {}
+    for path in glob.glob(os.path.join(ROOT, "tfhvd", "**", "*.py"), recursive=True):
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in pieces:
+                found.setdefault(node.name, []).append(os.path.relpath(path, ROOT))
+    assert set(found) == pieces, sorted(pieces - set(found))
+    outside = {name: paths for name, paths in found.items()
+               if any(not os.path.join(ROOT, p).startswith(home) for p in paths)}
+    assert not outside, outside

@@ -10,7 +10,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, Dict, Iterable, List, Optional
 
 from tfhvd._keras import flavor as _flavor
-from tfhvd._keras.async_modes import async_callback_classes, attach_delayed
+from tfhvd.tensorflow.asynchronous.keras import async_callback_classes, attach_delayed
 from tfhvd._keras.callbacks import callback_classes
 from tfhvd._keras.optimizer import (REGISTERED_NAME, create_distributed_optimizer,
                                     is_distributed, loader_class, reduction_of)
@@ -18,7 +18,7 @@ from tfhvd._keras.reduction import GradientReduction, require_initialized
 from tfhvd._keras.sync_batch_norm import sync_batch_norm_class
 from tfhvd.common.basics import check_process_set, global_process_set
 from tfhvd.tensorflow.compression import Compression
-from tfhvd.tensorflow.delayed import check_staleness
+from tfhvd.tensorflow.asynchronous.delayed import check_staleness
 from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
 _APIS: Dict[str, SimpleNamespace] = {}

@@ -60,7 +60,7 @@ def fill_face(namespace: MutableMapping[str, Any], keras: Any,
     the ``callbacks`` and ``elastic`` submodules, which the face imports)."""
     import tfhvd.tensorflow as tf_api
     from tfhvd._keras import horovod_api
-    from tfhvd._keras.async_modes import flush_optimizer
+    from tfhvd.tensorflow.asynchronous.keras import flush_optimizer
 
     flavour = _api.api_for(keras)
     names: Dict[str, Any] = {name: getattr(tf_api, name) for name in _FROM_TENSORFLOW}

@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tfhvd._keras import async_modes
+from tfhvd.tensorflow.asynchronous import keras as async_modes
 
 _IN_MINIMIZE = "_tfhvd_in_minimize"
 _REDUCED = "_tfhvd_reduced_ids"

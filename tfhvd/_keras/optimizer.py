@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from tfhvd._keras import async_modes
+from tfhvd.tensorflow.asynchronous import keras as async_modes
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras import patches, xla_split
 from tfhvd._keras.distributed import (  # noqa: F401  (reduction_of re-exported)

@@ -107,7 +107,7 @@ class GradientReduction:
         # tf-keras only: the local accumulation state (created on first use).
         self.accumulators: Optional[List[Any]] = None
         self.counter: Optional[tf.Variable] = None
-        # Asynchronous modes (tfhvd._keras.async_modes): the delayed pipeline of
+        # Asynchronous modes (tfhvd.tensorflow.asynchronous.keras): the delayed pipeline of
         # staleness=1, and the LocalSGD callback while fit runs with one.
         self.delayed: Any = None
         self.local_sgd: Any = None
@@ -204,7 +204,7 @@ class GradientReduction:
                 # size of the set the gradients are reduced over.
                 local_scale = scale / process_set_size(self.process_set) if self.__dict__.get(
                     "scale_local_gradients", True) else scale
-                grads[i] = _scaled(g, local_scale)
+                grads[i] = scaled_gradient(g, local_scale)
                 continue
             if self.sparse_as_dense and isinstance(g, tf.IndexedSlices):
                 grads[i] = tf.convert_to_tensor(g)
@@ -214,7 +214,7 @@ class GradientReduction:
         if not process_set_reduces(self.process_set or global_process_set):
             # One rank, or a rank outside the set: local gradients (Horovod's _allreduce_cond).
             for i in todo:
-                grads[i] = _scaled(grads[i], scale)
+                grads[i] = scaled_gradient(grads[i], scale)
             return grads
         pre, post = 1.0, float(scale)
         if self.op == Average and self.gradient_predivide_factor != 1.0:
@@ -248,7 +248,7 @@ class GradientReduction:
                             process_set=self.process_set)
         if self.op == Average:
             scale /= process_set_size(self.process_set)
-        return _scaled(tf.IndexedSlices(values, indices, g.dense_shape), scale)
+        return scaled_gradient(tf.IndexedSlices(values, indices, g.dense_shape), scale)
 
     def _groups(self, todo: List[int], variables: Optional[Sequence[Any]]) -> List[List[int]]:
         """Splits gradient indices into the fused groups Horovod's ``groups`` asks for."""
@@ -318,7 +318,7 @@ def _resolve_compression(name: str) -> Any:
                      "compression=... to hvd.load_model" % (name,))
 
 
-def _scaled(g: Any, scale: float) -> Any:
+def scaled_gradient(g: Any, scale: float) -> Any:
     if scale == 1.0:
         return g
     if isinstance(g, tf.IndexedSlices):

@@ -74,8 +74,8 @@ from tfhvd.common.process_sets import add_process_set, remove_process_set  # noq
 __all__ += ["add_process_set", "remove_process_set"]
 
 # Asynchronous modes (docs/async.md): staleness=1 state and local SGD.
-from tfhvd.tensorflow.delayed import DelayedGradients, delayed_gradients_for  # noqa: E402
-from tfhvd.tensorflow.local_sgd import LocalSGD  # noqa: E402
+from tfhvd.tensorflow.asynchronous.delayed import DelayedGradients, delayed_gradients_for  # noqa: E402
+from tfhvd.tensorflow.asynchronous.local_sgd import LocalSGD  # noqa: E402
 
 __all__ += ["DelayedGradients", "LocalSGD", "delayed_gradients_for"]
 

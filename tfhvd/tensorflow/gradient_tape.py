@@ -156,7 +156,7 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients,
                                                      **kwargs)
         if self.__dict__.get("_tfhvd_staleness"):
-            from tfhvd.tensorflow.delayed import tape_gradients
+            from tfhvd.tensorflow.asynchronous.delayed import tape_gradients
             return tape_gradients(self, grads, sources)
         return self._tfhvd_allreduce(grads, sources)
 
@@ -251,7 +251,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """
     check_process_set(process_set)
     if staleness:
-        from tfhvd.tensorflow.delayed import check_staleness
+        from tfhvd.tensorflow.asynchronous.delayed import check_staleness
         check_staleness(staleness)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor requires op=Average")

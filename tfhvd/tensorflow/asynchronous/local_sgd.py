@@ -19,7 +19,7 @@ Custom loop::
         local_sgd.step(model.trainable_variables, opt)   # averages when due
 
 Keras ``fit``: the ``hvd.LocalSGD`` of ``tfhvd.keras`` / ``tfhvd.tensorflow.keras``
-is a callback (see ``tfhvd._keras.async_modes``).
+is a callback (see ``tfhvd.tensorflow.asynchronous.keras``).
 """
 
 from typing import Any, List, Optional, Sequence

@@ -3,7 +3,7 @@
 Both are options of the reduction, not new optimizers:
 
 * ``DistributedOptimizer(opt, staleness=1)`` gives the optimizer a
-  :class:`~tfhvd.tensorflow.delayed.DelayedGradients` (``opt.delayed_gradients``,
+  :class:`~tfhvd.tensorflow.asynchronous.delayed.DelayedGradients` (``opt.delayed_gradients``,
   tracked, so ``tf.train.Checkpoint`` saves the in-flight gradients).  Where the
   synchronous optimizer reduces (``_clip_gradients`` on Keras 3,
   ``aggregate_gradients`` on tf-keras), :func:`reduce_gradients` hands the
@@ -26,11 +26,11 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
-from tfhvd._keras.reduction import _scaled
+from tfhvd._keras.reduction import scaled_gradient
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
-from tfhvd.tensorflow.delayed import DelayedGradients, check_staleness
-from tfhvd.tensorflow.local_sgd import (average_variables, check_local_sgd_arguments,
-                                        optimizer_slots)
+from tfhvd.tensorflow.asynchronous.delayed import DelayedGradients, check_staleness
+from tfhvd.tensorflow.asynchronous.local_sgd import (average_variables,
+                                                     check_local_sgd_arguments, optimizer_slots)
 
 _CLASSES: Dict[str, Dict[str, type]] = {}
 _LOCAL_SGD_INSTANCES = [0]
@@ -179,7 +179,7 @@ class LocalAveraging:
     def gradients(self, reduction: Any, grads: List[Any], variables: Optional[List[Any]],
                   scale: float) -> List[Any]:
         """The gradients an update applies: reduced during the warm-up, else local."""
-        local = [None if g is None else _scaled(g, scale) for g in grads]
+        local = [None if g is None else scaled_gradient(g, scale) for g in grads]
         idx = [i for i, g in enumerate(grads) if g is not None]
         if self.warmup_steps == 0 or not idx:
             return local
