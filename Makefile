@@ -290,11 +290,23 @@ $(GPU_LIB): $(GPU_SOURCES) $(NATIVE_SOURCES) setup.py $(GPU_DEPS_STAMP) docker/b
 # TF-free harness and runs its host-tensor checks over 1 and 2 processes.
 # On a GPU machine (nvidia-smi works or /dev/nvidiactl exists) the same
 # commands run the GPU checks, and "no GPU" is a failure there, not a pass.
+# tests/gpu/memory_types_probe.cc: what TensorFlow's placer computes for every op
+# and dtype of a library (test_kernel_registry.py runs it), with the GPU build's
+# flags, linked against TensorFlow's framework library.
+MEMORY_TYPES_PROBE := $(GPU_BUILD_DIR)/memory_types_probe
+$(MEMORY_TYPES_PROBE): tests/gpu/memory_types_probe.cc $(GPU_LIB)
+	tf_dir="$$($(PY) -c 'import os, tensorflow as tf; print(os.path.dirname(tf.__file__))' 2>/dev/null)"; \
+	  $(CXX) $$(sed -n 's/^CXX_FLAGS = //p' $(GPU_BUILD_DIR)/CMakeFiles/tfhvd_ops.dir/flags.make | sed 's/-O3//') \
+	  -O1 -Wall -Wno-interference-size -o $@ $< -L"$$tf_dir" -l:libtensorflow_framework.so.2 \
+	  -Wl,-rpath,"$$tf_dir" -ldl
+
 GPU_MACHINE := $(shell (nvidia-smi -L >/dev/null 2>&1 || test -e /dev/nvidiactl) && echo 1 || echo 0)
 GPU_COUNT := $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); echo $${n:-0})
-test-gpu-build: gpu-build
+test-gpu-build: gpu-build $(MEMORY_TYPES_PROBE)
 	@echo "== GPU build checks (GPU machine: $(GPU_MACHINE))"
 	$(TIMEOUT) tests/gpu/check_device_code.sh $(PY) $(GPU_LIB) $(GPU_BUILD_DIR)/device-code-check
+	@# The compile matrix's op axis: each TFHVD_GPU_<OP> alone compiles and registers its kernels only.
+	set -o pipefail; $(TIMEOUT) tests/gpu/check_gpu_op_subsets.sh $(GPU_BUILD_DIR) | tail -n 6
 	@# The copy/scale kernel's device code run on the host, against core/cpu_math.
 	$(CXX) -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I tests/gpu/emulated_cuda \
 	  -o $(GPU_BUILD_DIR)/kernel_emulation_test tests/gpu/kernel_emulation_test.cc tfhvd_ops/core/cpu_math.cc tfhvd_ops/core/common.cc
@@ -327,15 +339,29 @@ test-gpu-build: gpu-build
 # async errors and hangs against TFHVD_NCCL_TIMEOUT, CUDA sticky errors, kernel
 # images that do not load).  Same headers as the GPU build: TensorFlow's CUDA 12
 # headers and the NCCL wheel's.  About a minute from cold on 2 cores.
+# The compile matrix's NCCL axis: the same harness built against the headers of
+# the oldest NCCL the library supports (NCCL_OLDEST, from its nvidia-nccl-cu12
+# wheel) passes every GPU check at 1 and 2 ranks.
 FAKE_GPU_DIR := $(GPU_BUILD_DIR)/fake-gpu
+NCCL_OLDEST := 2.16.2
+NCCL_OLDEST_DIR := $(GPU_BUILD_DIR)/nccl-$(NCCL_OLDEST)
+FAKE_GPU_CUDA_INCLUDE = $$(ls -d $(VENV)/lib/python3*/site-packages/tensorflow/include/third_party/gpus/cuda | head -n 1)
 .PHONY: test-fake-gpu
 test-fake-gpu: gpu-deps
 	@echo "== fake CUDA + NCCL: the NCCL harness's GPU checks and fault cases without a GPU"
-	tf_cuda="$$(ls -d $(VENV)/lib/python3*/site-packages/tensorflow/include/third_party/gpus/cuda | head -n 1)"; \
+	tf_cuda="$(FAKE_GPU_CUDA_INCLUDE)"; \
 	  test -f "$$tf_cuda/include/cuda_runtime_api.h" || { echo "no CUDA headers in TensorFlow's include folder"; exit 1; }; \
 	  $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR) \
 	  CUDA_INCLUDE="$$tf_cuda/include $$tf_cuda/libcudacxx/include" NCCL_INCLUDE=$(GPU_DEPS)/nvidia/nccl/include
 	timeout -k 10 150 tests/gpu/fake_cuda/run_fake_gpu.sh $(FAKE_GPU_DIR)/tfhvd_fake_gpu_harness
+	@echo "== fake CUDA + NCCL: built against NCCL $(NCCL_OLDEST)'s headers, the oldest supported"
+	$(PY) tests/gpu/fake_cuda/nccl_headers.py $(NCCL_OLDEST) $(NCCL_OLDEST_DIR) >/dev/null
+	grep -q '^#define NCCL_MINOR 16$$' $(NCCL_OLDEST_DIR)/include/nccl.h
+	tf_cuda="$(FAKE_GPU_CUDA_INCLUDE)"; \
+	  $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR)-nccl-$(NCCL_OLDEST) \
+	  CUDA_INCLUDE="$$tf_cuda/include $$tf_cuda/libcudacxx/include" NCCL_INCLUDE=$(NCCL_OLDEST_DIR)/include
+	timeout -k 10 100 tests/gpu/fake_cuda/run_fake_gpu.sh \
+	  $(FAKE_GPU_DIR)-nccl-$(NCCL_OLDEST)/tfhvd_fake_gpu_harness --checks-only
 
 # On a GPU machine: every GPU test, one process and one process per GPU.
 test-gpu: gpu-build

@@ -58,6 +58,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 OPS = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
 PREFIXES = ("TFHVD_", "HOROVOD_")
 DEFAULT_ARCHS = "70;75;80;86;89;90;100;120"
+# The oldest NCCL the backend builds with: 2.16, the first release for CUDA 12
+# (backends/nccl/cuda_check.h says the same to the compiler).
+OLDEST_NCCL = (2, 16)
 
 
 class GpuConfigError(Exception):
@@ -229,9 +232,11 @@ def find_nccl(env: Mapping[str, str], find_spec: Callable = importlib.util.find_
         text = f.read()
     parts = [re.search(r"#define NCCL_%s\s+(\d+)" % k, text) for k in ("MAJOR", "MINOR", "PATCH")]
     version = ".".join(p.group(1) for p in parts) if all(parts) else "unknown"
-    if all(parts) and (int(parts[0].group(1)), int(parts[1].group(1))) < (2, 7):
-        raise GpuConfigError("tfhvd: NCCL %s at %s is too old; tfhvd needs NCCL 2.7 or newer"
-                             % (version, inc))
+    if all(parts) and (int(parts[0].group(1)), int(parts[1].group(1))) < OLDEST_NCCL:
+        raise GpuConfigError("tfhvd: NCCL %s at %s is too old; tfhvd needs NCCL %d.%d or newer "
+                             "(the first NCCL for CUDA 12): `pip install -U nvidia-nccl-cu12`, "
+                             "or set TFHVD_NCCL_HOME to a newer NCCL"
+                             % ((version, inc) + OLDEST_NCCL))
     return {"include": inc, "lib": lib, "version": version}
 
 

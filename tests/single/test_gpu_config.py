@@ -64,10 +64,16 @@ def test_nccl_home_is_used_and_checked(tmp_path):
 
 
 def test_old_nccl_is_refused(tmp_path):
-    make_nccl(str(tmp_path / "nccl"), (2, 5, 6))
-    with pytest.raises(gc.GpuConfigError, match="too old"):
+    """The oldest NCCL supported is 2.16 (the first for CUDA 12); 2.15 is
+    refused by name, 2.16.2 (the oldest nvidia-nccl-cu12 wheel) is taken."""
+    make_nccl(str(tmp_path / "nccl"), (2, 15, 5))
+    with pytest.raises(gc.GpuConfigError, match="NCCL 2.15.5 .*too old.*needs NCCL 2.16 or newer"):
         gc.find_nccl({"TFHVD_NCCL_HOME": str(tmp_path / "nccl")}, find_spec=no_wheel,
                      system_roots=())
+    make_nccl(str(tmp_path / "oldest"), (2, 16, 2))
+    found = gc.find_nccl({"TFHVD_NCCL_HOME": str(tmp_path / "oldest")}, find_spec=no_wheel,
+                         system_roots=())
+    assert found["version"] == "2.16.2"
 
 
 def make_cuda(root, major):

@@ -10,7 +10,9 @@ for GPUs, with alltoall's splits in host memory.  The test names contain
 "gpu" so that ``test-gpu-build``'s ``-k gpu`` selection runs them.
 """
 
-from typing import Dict, List
+import os
+import subprocess
+from typing import Dict, List, Tuple
 
 import pytest
 import tensorflow as tf
@@ -92,3 +94,77 @@ def test_gpu_versions_are_recorded_and_reported():
                         r"CUDA runtime %s, NCCL %s, CUDA driver (none|\d+\.\d+)" % (found, found),
                         versions), versions
     assert "        " + versions in check_build.render(info).splitlines()
+
+
+# tests/gpu/memory_types_probe.cc, built by make test-gpu-build (any build's
+# library can be probed; TFHVD_MEMORY_TYPES_PROBE names another binary).
+PROBE = os.environ.get("TFHVD_MEMORY_TYPES_PROBE") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "build-gpu", "memory_types_probe")
+
+
+def probe_lines() -> Dict[Tuple[str, str], Tuple[str, Dict[str, List[str]]]]:
+    """(op, dtype) -> ("kernel"|"none", {"in"/"out": ["arg:H", ...]}) on a GPU."""
+    out = subprocess.run([PROBE, library.library_path()], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = {}
+    for line in out.stdout.splitlines():
+        assert "error=" not in line, line
+        op, dtype, kernel, ins, outs = line.split(" ")
+        lines[(op, dtype)] = (kernel, {"in": [a for a in ins[len("in="):].split(",") if a],
+                                       "out": [a for a in outs[len("out="):].split(",") if a]})
+    return lines
+
+
+def op_dtypes() -> Dict[str, List[str]]:
+    """op -> the dtypes (TensorFlow's C++ names) its definition admits; "-" for none."""
+    from tensorflow.python.framework import op_def_registry
+
+    tf.load_op_library(library.library_path())
+    names = {"float32": "float", "float64": "double", "float16": "half"}
+    out = {}
+    for name in list(COLLECTIVES) + list(DEVICE_FREE):
+        op = op_def_registry.get(name)
+        assert op is not None, "the library defines no op %s" % name
+        types = [a for a in op.attr if a.type == "type"]
+        out[op.name] = ["-"] if not types else [
+            names.get(tf.dtypes.as_dtype(t).name, tf.dtypes.as_dtype(t).name)
+            for t in types[0].allowed_values.list.type]
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists(PROBE), reason="make test-gpu-build builds "
+                    "tests/gpu/memory_types_probe.cc and runs this test")
+def test_gpu_kernel_and_argument_memory_for_every_dtype():
+    """For every op and every dtype it admits, what TensorFlow's placer computes
+    (FindKernelDef, MemoryTypesForNode): a NCCL build has a GPU kernel for each
+    dtype, a CPU build only for the device-free ops; exactly the declared
+    arguments live in host memory, and an int32 tensor of a collective lives
+    in device memory (TensorFlow keeps a GPU kernel's int32 arguments on the
+    host only where the kernel says so)."""
+    lines = probe_lines()
+    dtypes = op_dtypes()
+    expected = dict(COLLECTIVES, **DEVICE_FREE)
+    assert {op for op, _ in lines} == set(expected), sorted({op for op, _ in lines} ^
+                                                           set(expected))
+    wrong = []
+    for op, host_args in sorted(expected.items()):
+        for dtype in dtypes[op]:
+            kernel, memory = lines.get((op, dtype), ("missing", {"in": [], "out": []}))
+            want_kernel = "kernel" if hvd.nccl_built() or op in DEVICE_FREE else "none"
+            if kernel != want_kernel:
+                wrong.append("%s %s: %s on a GPU, expected %s" % (op, dtype, kernel, want_kernel))
+            if kernel != "kernel":
+                continue
+            for side in ("in", "out"):
+                for arg in memory[side]:
+                    name, where = arg.split(":")
+                    want = "H" if name in host_args else "D"
+                    if where != want:
+                        wrong.append("%s %s: %sput '%s' in %s memory, expected %s"
+                                     % (op, dtype, side, name, where, want))
+    assert not wrong, "\n".join(wrong)
+    if hvd.nccl_built():
+        assert lines[("HorovodAllreduce", "int32")] == (
+            "kernel", {"in": ["tensor:D"], "out": ["sum:D"]})

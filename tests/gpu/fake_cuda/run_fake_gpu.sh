@@ -4,6 +4,8 @@
 # that check what the library does when the GPU side fails.
 #
 #   tests/gpu/fake_cuda/run_fake_gpu.sh build-gpu/fake-gpu/tfhvd_fake_gpu_harness
+#   tests/gpu/fake_cuda/run_fake_gpu.sh HARNESS --checks-only   (every GPU check
+#       at 1 and 2 ranks, no fault cases: a harness built against other headers)
 #
 # Ranks are processes started here (tests/gpu/socket_backend.cc reads their
 # rank, size and rank 0's address); two ranks get distinct PCI bus ids
@@ -121,10 +123,20 @@ fails_with() {
   if [ -z "$why" ]; then ok "$name: every rank failed with '$text'" "$ELAPSED"; else bad "$name" "$why"; fi
 }
 
+finish() {
+  cleanup
+  left="$(leftovers)"
+  [ -z "$left" ] || bad shm "still in /dev/shm after the run: $left"
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit
+}
+
 one=(--only "allreduce sum float32" --flat)
 echo "== the harness's GPU checks on the fake GPU (flat and hierarchical)"
 every_check gpu-1rank 1 TFHVD_NCCL_TIMEOUT=30 --
 every_check gpu-2ranks 2 TFHVD_NCCL_TIMEOUT=30 --
+[ "${2:-}" = --checks-only ] && finish
 every_check gpu-3ranks 3 TFHVD_NCCL_TIMEOUT=30 --
 # Ordering with every stream operation slowed down: a collective that does
 # not wait for its input's ready event (or a launch that waits for the
@@ -256,8 +268,4 @@ kernels_unavailable kernel-module-load-fails 2 "cannot load tfhvd's CUDA kernels
 kernels_unavailable sm75-has-no-image 1 "GPU 0 is sm_75 but this library's GPU code covers only" \
   TFHVD_FAKE_GPU_CC=75 -- --flat
 
-cleanup
-left="$(leftovers)"
-[ -z "$left" ] || bad shm "still in /dev/shm after the run: $left"
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+finish

@@ -11,6 +11,15 @@
 
 #include "../../core/common.h"
 
+// The oldest NCCL the backend supports: 2.16, the first release for CUDA 12
+// (TensorFlow 2.21's CUDA).  Everything used below is there (ncclAvg and
+// bfloat16 2.10, PreMulSum 2.11, ncclGetLastError 2.13, ncclCommFinalize
+// 2.14), so no call is conditional on the version.  `make test-fake-gpu`
+// builds and runs the backend against the 2.16 headers as well.
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 16, 0)
+#error "tfhvd's GPU build needs NCCL 2.16 or newer (the first NCCL for CUDA 12): point TFHVD_NCCL_HOME (or the nvidia-nccl-cu12 wheel) at a newer NCCL"
+#endif
+
 namespace tfhvd {
 
 // rank < 0: not known where the call happens (a framework thread).
@@ -32,10 +41,8 @@ inline Status NcclStatus(ncclResult_t r, const std::string& what, int rank, int 
   if (r == ncclSuccess) return Status::OK();
   std::string msg = "tfhvd: NCCL error on " + WhereString(rank, device) + " in " + what + ": " +
                     ncclGetErrorString(r);
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0') msg += " (" + std::string(last) + ")";
-#endif
   return r == ncclInvalidArgument || r == ncclInvalidUsage ? Status::InvalidArgument(msg)
                                                            : Status::Internal(msg);
 }

@@ -42,9 +42,7 @@ bool NcclType(DataType dt, ncclDataType_t* t) {
     case DataType::kInt32: *t = ncclInt32; return true;
     case DataType::kInt64: *t = ncclInt64; return true;
     case DataType::kFloat16: *t = ncclFloat16; return true;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
     case DataType::kBFloat16: *t = ncclBfloat16; return true;
-#endif
     case DataType::kFloat32: *t = ncclFloat32; return true;
     case DataType::kFloat64: *t = ncclFloat64; return true;
     default: return false;
@@ -117,9 +115,7 @@ NcclCollectives::~NcclCollectives() {
     WithDeadline("finalizing the NCCL communicators", [this] {
       for (ncclComm_t* c : {&comm_, &local_comm_}) {
         if (*c == nullptr) continue;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
         ncclCommFinalize(*c);
-#endif
         ncclCommDestroy(*c);
         *c = nullptr;
       }
@@ -595,7 +591,6 @@ Status NcclCollectives::Allreduce(const void* send, void* recv, int64_t count, D
 
 Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t count,
                                         DataType dtype, ReduceOp op, double post) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 11, 0)
   const bool flat = !(hierarchical_ && topo_.homogeneous && peers_.local && peers_.cross);
   const bool wide = dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
   const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
@@ -627,7 +622,6 @@ Status NcclCollectives::AllreduceScaled(const void* send, void* recv, int64_t co
     ncclRedOpDestroy(premul_op, comm_);
     return Nccl(r, "ncclAllReduce (PreMulSum)", comm_);
   }
-#endif
   return Collectives::AllreduceScaled(send, recv, count, dtype, op, post);
 }
 

@@ -113,8 +113,8 @@ class NcclCollectives : public Collectives {
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
-  // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op
-  // (NCCL >= 2.11); float16/bfloat16 averages: ncclAvg.  No separate
+  // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op;
+  // float16/bfloat16 averages: ncclAvg.  No separate
   // scaling pass.  Integers keep Horovod's truncating scale pass.
   Status AllreduceScaled(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op,
                          double post) override;

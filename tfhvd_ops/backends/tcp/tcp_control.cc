@@ -33,10 +33,6 @@ using Clock = std::chrono::steady_clock;
 // buffer and streams through.
 constexpr uint64_t kShmRingBytes = 1 << 20;
 
-Status Errno(const std::string& what) {
-  return Status::Internal("tfhvd control socket: " + what + ": " + std::strerror(errno));
-}
-
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
 void SetNoDelay(int fd) {
