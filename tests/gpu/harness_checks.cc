@@ -196,6 +196,53 @@ std::string Mixed(const Env& env) {
   return Expect(Run({&o}), "mixed CPU and GPU tensors");
 }
 
+// Process sets: a set of every rank but the last gets its own communicator
+// at its first GPU collective, which alternates with the global set's fused
+// ones; the set is removed (its communicator goes) and added again (a fresh
+// one), and every result stays right.  Collective over every rank; needs two
+// (one rank has no set but the global one).
+std::string ProcessSets(const Env& env) {
+  if (env.size < 2) return "";
+  std::vector<int> ranks;
+  for (int r = 0; r < env.size - 1; ++r) ranks.push_back(r);
+  const bool member = env.rank < static_cast<int>(ranks.size());
+  char err[512] = {0};
+  for (int round = 0; round < 2; ++round) {
+    int id = -1;
+    if (tfhvd_add_process_set(ranks.data(), static_cast<int>(ranks.size()), 0, &id, err,
+                              sizeof(err)) != 0) {
+      return "adding process set " + std::to_string(round) + ": " + err;
+    }
+    for (int i = 0; i < 3; ++i) {
+      const std::string tag = std::to_string(round) + "." + std::to_string(i);
+      if (member) {  // two tensors: fused, so their copies use the kernels
+        Op a = MakeOp("pset.a." + tag, CollectiveType::kAllreduce,
+                      Filled(DataType::kFloat32, {1027 + i}, env.device, env.rank));
+        Op b = MakeOp("pset.b." + tag, CollectiveType::kAllreduce,
+                      Filled(DataType::kFloat32, {77}, env.device, env.rank));
+        a.params.process_set_id = b.params.process_set_id = id;
+        std::string why = Failed(Run({&a, &b}));
+        for (Op* o : {&a, &b}) {
+          if (!why.empty()) break;
+          std::vector<double> want(core::NumElements(o->params.shape), 0);
+          for (size_t k = 0; k < want.size(); ++k) {
+            for (int r : ranks) want[k] += Value(r, k);
+          }
+          why = Compare(ReadTensor(*Output(*o)), want);
+        }
+        if (!why.empty()) return "process set " + std::to_string(id) + ": " + why;
+      }
+      std::string why = Fused(env, 3);
+      if (!why.empty()) return "the global set after process set " + std::to_string(id) +
+                               ": " + why;
+    }
+    if (tfhvd_remove_process_set_ex(id, /*require_dynamic=*/0, err, sizeof(err)) != 0) {
+      return "removing process set " + std::to_string(id) + ": " + err;
+    }
+  }
+  return "";
+}
+
 // The input is written on another ("framework") stream; its ready event
 // must order the collective after that write.
 std::string Ordering(const Env& env) {
@@ -361,6 +408,8 @@ void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks) {
   checks->emplace_back("the loop launches the next response while one is in flight", InFlight);
   checks->emplace_back("int16 allreduce is a clear error", UnsupportedDtype);
   checks->emplace_back("mixed CPU and GPU tensors across ranks is a clear error", Mixed);
+  checks->emplace_back("process sets: own communicators, removed and added again",
+                       ProcessSets);
 }
 
 }  // namespace harness

@@ -113,6 +113,74 @@ class Star {
     }
   }
 
+  // A star over some of `world`'s ranks (a process set): `set_rank` of
+  // `set_size`, -1 for a rank outside it.  Every world rank calls this at
+  // the same point: the set's first rank listens on an ephemeral port of
+  // `host` and `world` carries the port to everyone.
+  Status ConnectSubset(Star* world, int hub_world_rank, int set_rank, int set_size,
+                       const std::string& host) {
+    int lfd = -1;
+    int32_t port = 0;
+    if (set_rank == 0 && set_size > 1) {
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+      lfd = socket(AF_INET, SOCK_STREAM, 0);
+      socklen_t len = sizeof(sa);
+      if (bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(lfd, set_size) != 0 ||
+          getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+        close(lfd);
+        lfd = -1;  // the others then get port 0 and fail alike
+      } else {
+        port = ntohs(sa.sin_port);
+      }
+    }
+    std::vector<std::string> all;
+    std::string mine(reinterpret_cast<const char*>(&port), sizeof(port)), hub;
+    TFHVD_RETURN_IF_ERROR(world->Gather(mine, &all));
+    if (world->rank() == 0) hub = all[hub_world_rank];
+    TFHVD_RETURN_IF_ERROR(world->Bcast(&hub));
+    std::memcpy(&port, hub.data(), sizeof(port));
+    if (set_rank < 0 || set_size == 1) {
+      rank_ = std::max(set_rank, 0);
+      size_ = 1;
+      return Status::OK();
+    }
+    if (port == 0) return Status::Internal("harness: the process set's first rank cannot listen");
+    rank_ = set_rank;
+    size_ = set_size;
+    fds_.assign(set_size, -1);
+    if (set_rank == 0) {
+      for (int i = 1; i < set_size; ++i) {
+        int fd = accept(lfd, nullptr, nullptr);
+        int32_t peer = -1;
+        if (fd < 0 || !RecvAll(fd, &peer, sizeof(peer)).ok() || peer <= 0 || peer >= set_size ||
+            fds_[peer] >= 0) {
+          if (fd >= 0) close(fd);
+          close(lfd);
+          return Status::Internal("harness: a process set's rank did not connect");
+        }
+        Tune(fd);
+        fds_[peer] = fd;
+      }
+      close(lfd);
+      return Status::OK();
+    }
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, host.c_str(), &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      close(fd);
+      return Errno("connect to a process set's first rank");
+    }
+    Tune(fd);
+    fds_[0] = fd;
+    int32_t me = set_rank;
+    return SendAll(fd, &me, sizeof(me));
+  }
+
   // Rank 0 gets every rank's bytes (in rank order); the others get nothing.
   Status Gather(const std::string& mine, std::vector<std::string>* all) {
     if (rank_ != 0) return Send(fds_[0], mine);
@@ -311,6 +379,14 @@ class StarCollectives : public HostMemoryOps {
   Star* star_;
 };
 
+// A process set's host collectives: a star of its own, so that the set's
+// worker thread never shares a socket with the global set's.
+class SubsetCollectives : public StarCollectives {
+ public:
+  SubsetCollectives() : StarCollectives(&own_) {}
+  Star own_;
+};
+
 // One rank: nobody to negotiate with.
 class NoPeersControl : public ControlChannel {
  public:
@@ -334,7 +410,9 @@ class SocketBackend : public Backend {
       return Status::InvalidArgument("harness: TFHVD_HARNESS_RANK/SIZE out of range");
     }
     const char* addr = std::getenv("TFHVD_HARNESS_ADDR");
-    TFHVD_RETURN_IF_ERROR(star_.Connect(rank, size, addr ? addr : "127.0.0.1:29517"));
+    const std::string where = addr ? addr : "127.0.0.1:29517";
+    host_ip_ = where.substr(0, where.rfind(':'));
+    TFHVD_RETURN_IF_ERROR(star_.Connect(rank, size, where));
     topo_.rank = topo_.cross_rank = rank;
     topo_.size = topo_.cross_size = size;
     topo_.local_rank = 0;
@@ -367,9 +445,25 @@ class SocketBackend : public Backend {
   bool threads_supported() const override { return true; }
   Collectives* local_collectives() override { return &local_; }
   Collectives* cross_collectives() override { return &host_; }
+  Status CreateSubsetCollectives(int set_id, const std::vector<int>& world_ranks,
+                                 std::unique_ptr<Collectives>* out) override {
+    (void)set_id;
+    const auto me = std::find(world_ranks.begin(), world_ranks.end(), topo_.rank);
+    const int set_rank = me == world_ranks.end() ? -1 : static_cast<int>(me - world_ranks.begin());
+    auto sub = std::make_unique<SubsetCollectives>();
+    TFHVD_RETURN_IF_ERROR(sub->own_.ConnectSubset(&star_, world_ranks.at(0), set_rank,
+                                                  static_cast<int>(world_ranks.size()), host_ip_));
+    if (set_rank < 0) {
+      out->reset();
+    } else {
+      *out = std::move(sub);
+    }
+    return Status::OK();
+  }
 
  private:
   Topology topo_;
+  std::string host_ip_;
   Star star_;
   Star self_;  // a world of one: this rank's "node"
   std::unique_ptr<ControlChannel> control_;

@@ -86,6 +86,7 @@ CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   m->kind = k;
   m->arch = arch;
   *module = reinterpret_cast<CUmodule>(m);
+  if (GetConfig().report_loads) std::fprintf(stderr, "fake-gpu: kernel module loaded\n");
   return CUDA_SUCCESS;
 }
 

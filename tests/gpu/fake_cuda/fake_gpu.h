@@ -48,6 +48,8 @@
 //                                        one faults: it and every later CUDA call return
 //                                        cudaErrorIllegalAddress (sticky, like a bad kernel)
 //   TFHVD_FAKE_CU_MODULE_LOAD_ERROR=1    cuModuleLoadData fails (CUDA_ERROR_INVALID_IMAGE)
+//   TFHVD_FAKE_REPORT_MODULE_LOADS=1     every successful cuModuleLoadData prints
+//                                        "fake-gpu: kernel module loaded" to stderr
 //   TFHVD_FAKE_OP_DELAY_MS=n             each cudaMemcpyAsync from the host takes n ms
 //                                        longer (a slow producer: widens ordering races)
 //   TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER=n  after n NCCL launches (a group or an ungrouped
@@ -85,6 +87,7 @@ struct Config {
   int sms = 132;
   long sticky_after = -1;      // -1: never
   bool module_load_error = false;
+  bool report_loads = false;
   int op_delay_ms = 0;
   long nccl_async_after = -1;
   long nccl_hang_after = -1;

@@ -147,6 +147,26 @@ every_check in-flight-slow-streams 2 TFHVD_FAKE_OP_DELAY_MS=20 TFHVD_NCCL_TIMEOU
   --only "in flight" --flat
 every_check sm86-loads-the-sm80-cubin 1 TFHVD_FAKE_GPU_CC=86 -- "${one[@]}"
 
+# Process sets: each gets its own communicator, removed and made again, and
+# every set on a GPU shares the global set's kernel module (one load per
+# process, where a module per set would load one per set and re-creation).
+shared_kernels() {
+  local name="$1" n="$2" r why=""
+  shift 2
+  run "$name" "$n" TFHVD_FAKE_REPORT_MODULE_LOADS=1 TFHVD_NCCL_TIMEOUT=30 -- \
+    --only "process sets" --flat || return
+  for ((r = 0; r < n; r++)); do
+    local loads
+    loads="$(grep -c '^fake-gpu: kernel module loaded$' "$WORK/$name.$r.out")"
+    [ "${RC[$r]}" = 0 ] || why="${why}rank $r exited ${RC[$r]} ('$(summary "$name" "$r")'); "
+    [ "$loads" = 1 ] || why="${why}rank $r loaded the kernel module $loads times; "
+  done
+  if [ -z "$why" ]; then ok "$name: $(summary "$name" 0), one kernel module per process" "$ELAPSED"
+  else bad "$name" "$why"; fi
+}
+shared_kernels process-sets-share-kernels-2ranks 2
+shared_kernels process-sets-share-kernels-3ranks 3
+
 echo "== placement: two ranks on one GPU"
 fails_with one-gpu-two-ranks 2 10 "one GPU per rank is required" \
   TFHVD_FAKE_GPU_BUS_ID=0000:41:00.0 r1:TFHVD_FAKE_GPU_BUS_ID=0000:41:00.0 -- "${one[@]}"

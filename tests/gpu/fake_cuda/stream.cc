@@ -36,6 +36,7 @@ const Config& GetConfig() {
     c.sms = static_cast<int>(EnvLong("TFHVD_FAKE_GPU_SMS", c.sms));
     c.sticky_after = EnvLong("TFHVD_FAKE_CUDA_STICKY_ERROR_AFTER", -1);
     c.module_load_error = EnvLong("TFHVD_FAKE_CU_MODULE_LOAD_ERROR", 0) != 0;
+    c.report_loads = EnvLong("TFHVD_FAKE_REPORT_MODULE_LOADS", 0) != 0;
     c.op_delay_ms = static_cast<int>(EnvLong("TFHVD_FAKE_OP_DELAY_MS", 0));
     c.nccl_async_after = EnvLong("TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER", -1);
     c.nccl_hang_after = EnvLong("TFHVD_FAKE_NCCL_HANG_AFTER", -1);

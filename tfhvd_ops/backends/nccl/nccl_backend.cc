@@ -28,7 +28,7 @@ class NcclBackend : public Backend {
     }
     gpu_ = std::make_unique<NcclCollectives>(host_->topology(), peers,
                                              opts.hierarchical_allreduce, opts.device_timeout_s,
-                                             opts.elastic);
+                                             &kernels_, opts.elastic);
   }
 
   const Topology& topology() const override { return host_->topology(); }
@@ -47,9 +47,12 @@ class NcclBackend : public Backend {
                                  std::unique_ptr<Collectives>* out) override {
     return host_->CreateSubsetCollectives(set_id, world_ranks, out);
   }
-  // One NCCL communicator (and stream) per process set and GPU, made on the
-  // set's first collective on that GPU; its unique id travels over the set's
-  // host collectives, so only the set's members take part.
+  // One NCCL communicator, stream and fusion buffer per process set and GPU,
+  // made on the set's first collective on that GPU (its unique id travels
+  // over the set's host collectives, so only the set's members take part)
+  // and released with the set.  Not shared: each set runs on a worker thread
+  // of its own, and ranks may order two sets' collectives differently, which
+  // one stream would turn into a deadlock.  The kernel module is shared.
   Collectives* SubsetDeviceCollectives(int set_id, Collectives* host, int set_rank, int set_size,
                                        int device) override {
     if (host == nullptr) return nullptr;
@@ -64,7 +67,7 @@ class NcclBackend : public Backend {
       NcclPeers peers;
       peers.host = host;
       gpu = std::make_unique<NcclCollectives>(topo, peers, /*hierarchical=*/false, timeout_s_,
-                                              elastic_);
+                                              &kernels_, elastic_);
     }
     gpu->Select(device);
     return gpu.get();
@@ -80,6 +83,7 @@ class NcclBackend : public Backend {
   std::unique_ptr<Backend> host_;
   double timeout_s_;  // the longest wait for device work (TFHVD_NCCL_TIMEOUT)
   bool elastic_;      // an elastic job: a device failure is an error (NcclCollectives)
+  KernelCache kernels_;  // before the collectives: they use it until they are gone
   std::unique_ptr<NcclCollectives> gpu_;
   std::mutex sets_mu_;
   std::map<std::pair<int, int>, std::unique_ptr<NcclCollectives>> sets_;  // (set, device)

@@ -82,9 +82,9 @@ char* At(void* p, int64_t off) { return static_cast<char*>(p) + off; }
 }  // namespace
 
 NcclCollectives::NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical,
-                                 double timeout_s, bool elastic)
+                                 double timeout_s, KernelCache* kernels, bool elastic)
     : topo_(topo), peers_(peers), hierarchical_(hierarchical), timeout_s_(timeout_s),
-      elastic_(elastic) {}
+      elastic_(elastic), kernel_cache_(kernels) {}
 
 NcclCollectives::~NcclCollectives() {
   if (device_ < 0) return;
@@ -339,12 +339,9 @@ Status NcclCollectives::Flush() {
   // that is no failure of the job: plain copies go through
   // cudaMemcpyAsync, and only a copy that scales fails, as an error of its
   // collective; every rank that scales the same tensors fails alike.
-  if (kernels_state_ == KernelsState::kUnknown) {
-    kernels_error_ = kernels_.Load(device_);
-    kernels_state_ = kernels_error_.ok() ? KernelsState::kLoaded : KernelsState::kUnavailable;
-  }
-  if (kernels_state_ == KernelsState::kLoaded) {
-    Status st = kernels_.LaunchBatchedScaledCopy(batch_, stream_);
+  if (kernels_ == nullptr) kernels_ = kernel_cache_->Get(device_);
+  if (kernels_->error.ok()) {
+    Status st = kernels_->kernels.LaunchBatchedScaledCopy(batch_, stream_);
     batch_.n = 0;
     return st.ok() ? st : Broken(st);
   }
@@ -354,7 +351,7 @@ Status NcclCollectives::Flush() {
     const cuda::CopyTask& t = batch_.tasks[i];
     if (t.factor != 1.0) {
       return Status::InvalidArgument(
-          kernels_error_.message() + "; this collective scales on the GPU (an average, a "
+          kernels_->error.message() + "; this collective scales on the GPU (an average, a "
           "prescale or postscale factor), which needs them (plain copies still run)");
     }
     TFHVD_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(t.dst, t.src,

@@ -72,6 +72,7 @@
 #include "../../core/backend.h"
 #include "../../cuda/device_kernels.h"
 #include "finalizer.h"
+#include "kernel_cache.h"
 
 namespace tfhvd {
 
@@ -86,8 +87,10 @@ class NcclCollectives : public Collectives {
   // `timeout_s`: the longest wait for device work (TFHVD_NCCL_TIMEOUT);
   // `elastic`: an elastic job (TFHVD_ELASTIC / HOROVOD_ELASTIC), where a
   // failure is an error of the collectives, not the end of the job.
+  // `kernels`: the copy/scale kernels of every GPU, shared with the other
+  // process sets' collectives (it must outlive this object).
   NcclCollectives(const Topology& topo, NcclPeers peers, bool hierarchical, double timeout_s,
-                  bool elastic = false);
+                  KernelCache* kernels, bool elastic = false);
   ~NcclCollectives() override;
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
@@ -181,12 +184,11 @@ class NcclCollectives : public Collectives {
   int64_t host_buf_bytes_ = 0;
   void* scratch_ = nullptr;           // barrier
   cuda::CopyBatch batch_;
-  cuda::DeviceKernels kernels_;       // the embedded copy/scale kernels
-  // Loaded at the first queued copy (Flush); unavailable: plain copies use
-  // cudaMemcpyAsync and a scaling copy is an error naming kernels_error_.
-  enum class KernelsState { kUnknown, kLoaded, kUnavailable };
-  KernelsState kernels_state_ = KernelsState::kUnknown;
-  Status kernels_error_;
+  KernelCache* kernel_cache_;         // the backend's, one module per GPU
+  // This GPU's kernels, taken from the cache at the first queued copy
+  // (Flush); where they did not load, plain copies use cudaMemcpyAsync and a
+  // scaling copy is an error naming kernels_->error.
+  KernelCache::Kernels* kernels_ = nullptr;
 };
 
 }  // namespace tfhvd
