@@ -175,9 +175,14 @@ test-core: setup
 	@echo "== Adasum over MPI exchanges (no TensorFlow): 2, 3 and 4 processes"
 	for n in 2 3 4; do $(TIMEOUT) $(MPIRUN) -np $$n $(BUILD_DIR)/tfhvd_adasum_test || exit 1; done
 
+# Two pytest-xdist workers (both cores), a test file to each at a time (its
+# module fixtures stay in one process): the one-process and integration suites
+# spend much of their time waiting on subprocesses and timeouts.  XDIST= runs
+# them in one process.
+XDIST ?= -n 2 --dist loadfile
 test-single: setup
 	@echo "== single-process tests"
-	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/single
+	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q -rs --color=no -p no:cacheprovider $(XDIST) tests/single
 
 test-parallel: setup
 	@echo "== parallel tests under mpirun -np 2"
@@ -195,8 +200,7 @@ test-parallel-gloo: setup
 	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	for n in 2 3 4; do $(TIMEOUT) $(TFHVDRUN_GLOO) -np $$n $(BUILD_DIR)/tfhvd_adasum_test || exit 1; done
-	@echo "== parallel tests under tfhvdrun --gloo -np 2"
-	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
+	@# At 2 ranks the suite runs over Gloo in test-gloo-only (the Gloo-only variant).
 	@echo "== parallel tests under tfhvdrun --gloo -np 3"
 	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
 
@@ -240,7 +244,8 @@ test-integration: setup
 	@echo "== integration tests: tfhvdrun, faults, timeline, multi-node"
 	@if [ "$$(id -u)" = 0 ]; then bash scripts/install_sshd.sh; \
 	else bash scripts/install_sshd.sh || echo "(not root, no sshd: the multi-node test will skip)"; fi
-	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/integration \
+	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider $(XDIST) \
+	  tests/integration \
 	  --ignore=tests/integration/test_elastic.py \
 	  --ignore=tests/integration/test_elastic_programs.py \
 	  --ignore=tests/integration/test_ray.py --ignore=tests/integration/test_spark.py \

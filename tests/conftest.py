@@ -52,6 +52,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     folder = os.environ.get("TESTS_SKIP_REPORT_DIR")
     if not folder or os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
         return
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: its reports reach the controller, which writes them
     os.makedirs(folder, exist_ok=True)
     size = os.environ.get("OMPI_COMM_WORLD_SIZE")
     step = " ".join(str(a) for a in session.config.invocation_params.args
