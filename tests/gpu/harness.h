@@ -57,6 +57,10 @@ class Context : public core::OpContext {
   Context(int device, core::DataType dtype) : device_(device), dtype_(dtype) {}
   core::Status AllocateOutput(int index, const core::Shape& shape,
                               std::shared_ptr<core::Tensor>* out) override;
+  // The "framework's" device allocator (TensorFlow's in the library): device
+  // ops hand the GPU fusion buffer out from here.
+  bool HasDeviceAllocator() const override { return device_ >= 0; }
+  core::Status AllocateDeviceBuffer(int64_t bytes, std::shared_ptr<core::Tensor>* out) override;
   std::vector<std::shared_ptr<core::Tensor>> outputs;
 
  private:
@@ -75,6 +79,9 @@ struct Op {
 
 // Makes an op on `device` for `input`; allreduce and broadcast get an output
 // of the same shape.
+// How many device buffers Context::AllocateDeviceBuffer handed out (all threads).
+int DeviceBufferAllocations();
+
 Op MakeOp(const std::string& name, core::CollectiveType type, std::shared_ptr<Buffer> input);
 // Enqueues the ops as one group and waits for every callback.
 core::Status Run(std::vector<Op*> ops);

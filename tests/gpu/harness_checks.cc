@@ -196,6 +196,33 @@ std::string Mixed(const Env& env) {
   return Expect(Run({&o}), "mixed CPU and GPU tensors");
 }
 
+// The GPU fusion buffer comes from the framework's device allocator (the
+// op context's; TensorFlow's in the library), not from cudaMalloc beside it:
+// a fused response larger than any before grows the buffer through it.
+std::string FusionFromFramework(const Env& env) {
+  const int before = DeviceBufferAllocations();
+  std::vector<Op> ops;
+  for (int t = 0; t < 3; ++t) {  // 3 x 1.5M float32: 18 MiB, more than any check before
+    ops.push_back(MakeOp("fusion.framework." + std::to_string(t), CollectiveType::kAllreduce,
+                         Filled(DataType::kFloat32, {(3 << 19) + t}, env.device, env.rank)));
+  }
+  std::vector<Op*> ptrs;
+  for (Op& o : ops) ptrs.push_back(&o);
+  std::string why = Failed(Run(ptrs));
+  for (Op& o : ops) {
+    if (!why.empty()) break;
+    std::vector<double> want(core::NumElements(o.params.shape), 0);
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (int r = 0; r < env.size; ++r) want[i] += Value(r, i);
+    }
+    why = Compare(ReadTensor(*Output(o)), want);
+  }
+  if (why.empty() && DeviceBufferAllocations() == before) {
+    why = "the fusion buffer grew without the framework's allocator";
+  }
+  return why;
+}
+
 // Process sets: a set of every rank but the last gets its own communicator
 // at its first GPU collective, which alternates with the global set's fused
 // ones; the set is removed (its communicator goes) and added again (a fresh
@@ -408,6 +435,8 @@ void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks) {
   checks->emplace_back("the loop launches the next response while one is in flight", InFlight);
   checks->emplace_back("int16 allreduce is a clear error", UnsupportedDtype);
   checks->emplace_back("mixed CPU and GPU tensors across ranks is a clear error", Mixed);
+  checks->emplace_back("the fusion buffer comes from the framework's allocator",
+                       FusionFromFramework);
   checks->emplace_back("process sets: own communicators, removed and added again",
                        ProcessSets);
 }

@@ -23,6 +23,7 @@
 // line is "N passed, N failed".
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
@@ -170,6 +171,22 @@ core::Status Context::AllocateOutput(int index, const core::Shape& shape,
   *out = b;
   return core::Status::OK();
 }
+
+namespace {
+std::atomic<int> device_buffers{0};
+}  // namespace
+
+core::Status Context::AllocateDeviceBuffer(int64_t bytes, std::shared_ptr<core::Tensor>* out) {
+  auto b = std::make_shared<Buffer>(core::DataType::kUInt8, core::Shape{bytes}, device_);
+  if (b->mutable_data() == nullptr) {
+    return core::Status::Internal("the harness's device allocator is out of memory");
+  }
+  ++device_buffers;
+  *out = b;
+  return core::Status::OK();
+}
+
+int DeviceBufferAllocations() { return device_buffers.load(); }
 
 Op MakeOp(const std::string& name, core::CollectiveType type, std::shared_ptr<Buffer> input) {
   Op op;

@@ -89,7 +89,9 @@ class Collectives {
   // Memory operations in this transport's memory kind, so the executor can
   // fuse and scale without knowing where tensors live.
   // A buffer of at least `bytes`, owned by the collectives and reused.
-  virtual void* FusionBuffer(int64_t bytes) = 0;
+  // `framework`: the context of an op of the response (may be null), whose
+  // device allocator a device buffer comes from where it has one.
+  virtual void* FusionBuffer(int64_t bytes, OpContext* framework) = 0;
   // dst[i] = src[i] * factor for `count` elements (a copy when factor == 1).
   virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                             double factor) = 0;
@@ -122,7 +124,7 @@ class Collectives {
 // backend that moves host tensors.
 class HostMemoryOps : public Collectives {
  public:
-  void* FusionBuffer(int64_t bytes) override;
+  void* FusionBuffer(int64_t bytes, OpContext* framework) override;
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;

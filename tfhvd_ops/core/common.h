@@ -160,6 +160,15 @@ class OpContext {
                                          std::shared_ptr<Tensor>* out) {
     return AllocateOutput(index, shape, out);
   }
+  // Device memory of `bytes` on the op's GPU from the framework's own
+  // allocator, alive while *out is held: the GPU fusion buffer comes from
+  // here, so it lies inside the memory the framework reserves (TensorFlow
+  // takes nearly the whole GPU by default) instead of beside it.  Where
+  // HasDeviceAllocator() is false the caller allocates the memory itself.
+  virtual bool HasDeviceAllocator() const { return false; }
+  virtual Status AllocateDeviceBuffer(int64_t bytes, std::shared_ptr<Tensor>* out) {
+    return Status::FailedPrecondition("tfhvd: internal error: no device allocator here");
+  }
   // Whether outputs can be views of a shared buffer (the two calls below).
   virtual bool SupportsViews() const { return false; }
   // A host buffer of `bytes`, aligned to kFusionAlign, whose parts can

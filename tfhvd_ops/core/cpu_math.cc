@@ -149,7 +149,7 @@ void Reduce16(const uint16_t* in, uint16_t* inout, int64_t count, bool bfloat, R
   }
 }
 
-void* HostMemoryOps::FusionBuffer(int64_t bytes) {
+void* HostMemoryOps::FusionBuffer(int64_t bytes, OpContext* /*framework: host memory*/) {
   if (static_cast<int64_t>(fusion_.size()) < bytes) fusion_.resize(bytes);
   return fusion_.data();
 }

@@ -240,7 +240,8 @@ Status Executor::Allreduce(const Response& r,
     for (auto& e : entries) {
       if (e) TFHVD_RETURN_IF_ERROR(PlaceOutput(*e));
     }
-    buf = static_cast<char*>(c->FusionBuffer(total_bytes));
+    buf = static_cast<char*>(
+        c->FusionBuffer(total_bytes, first != nullptr ? first->context.get() : nullptr));
   }
   in_phase_ = false;
   Phase(r, entries, "MEMCPY_IN_FUSION_BUFFER");
@@ -393,7 +394,7 @@ Status Executor::Reducescatter(const Response& r, TensorTableEntry& e, Collectiv
   TFHVD_RETURN_IF_ERROR(AwaitTensor(c, out.get()));
   const void* send = e.input->data();
   if (p.prescale != 1.0) {
-    void* buf = c->FusionBuffer(e.input->size_bytes());
+    void* buf = c->FusionBuffer(e.input->size_bytes(), e.context.get());
     TFHVD_RETURN_IF_ERROR(c->ScaledCopy(send, buf, NumElements(p.shape), p.dtype, p.prescale));
     send = buf;
   }

@@ -59,6 +59,21 @@ class GpuOpContext : public TFOpContext {
     static_cast<TFTensor*>(out->get())->set_ready_event(std::move(ev));
     return core::Status::OK();
   }
+  // The GPU fusion buffer, from TensorFlow's allocator on the op's GPU (the
+  // memory TensorFlow reserves), as Horovod does.  Its ready event, on the
+  // op's stream, orders the NCCL stream after TensorFlow's last use of it.
+  bool HasDeviceAllocator() const override { return true; }
+  core::Status AllocateDeviceBuffer(int64_t bytes, std::shared_ptr<core::Tensor>* out) override {
+    tensorflow::Tensor t;
+    absl::Status s = ctx_->allocate_temp(DT_UINT8, TensorShape({bytes}), &t);
+    if (!s.ok()) return core::Status::Internal(std::string(s.message()));
+    auto buffer = std::make_shared<TFTensor>(t);
+    std::shared_ptr<core::ReadyEvent> ev;
+    TFHVD_RETURN_IF_ERROR(core::RecordReadyEvent(stream_.device, stream_.stream, &ev));
+    buffer->set_ready_event(std::move(ev));
+    *out = std::move(buffer);
+    return core::Status::OK();
+  }
 
  private:
   GpuStream stream_;

@@ -126,8 +126,14 @@ NcclCollectives::~NcclCollectives() {
   // not wait for the peers; it still runs on a thread of its own, waited for
   // up to the deadline, so that a reset never hangs on it.
   if (is_broken_ && elastic_) AbortCommunicators();
+  if (stuck && fusion_owner_) {
+    // Left held, like the stream and the other buffers: stuck work may still
+    // write it, so it must not go back to the framework's allocator.
+    new std::shared_ptr<Tensor>(std::move(fusion_owner_));
+  }
   if (!stuck) {
-    if (fusion_ != nullptr) cudaFree(fusion_);
+    if (fusion_ != nullptr && !fusion_owner_) cudaFree(fusion_);
+    fusion_owner_.reset();
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (host_buf_ != nullptr) cudaFreeHost(host_buf_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -511,20 +517,39 @@ Status NcclCollectives::WaitFor(const ReadyEvent& event) {
               "cudaStreamWaitEvent");
 }
 
-void* NcclCollectives::FusionBuffer(int64_t bytes) {
+void* NcclCollectives::FusionBuffer(int64_t bytes, OpContext* framework) {
   Status st = EnsureDevice();
   if (st.ok() && bytes > fusion_bytes_) {
     // The old buffer may still be in use by queued work.
     st = Flush();
     if (st.ok()) st = WaitStream("growing the fusion buffer");
     if (st.ok() && fusion_ != nullptr) {
-      cudaFree(fusion_);
+      if (fusion_owner_) {
+        fusion_owner_.reset();  // back to the framework's allocator
+      } else {
+        cudaFree(fusion_);
+      }
       fusion_ = nullptr;
       fusion_bytes_ = 0;
     }
     const int64_t mib = 1 << 20;
     const int64_t want = (bytes + mib - 1) / mib * mib;
-    if (st.ok()) {
+    if (st.ok() && framework != nullptr && framework->HasDeviceAllocator()) {
+      st = framework->AllocateDeviceBuffer(want, &fusion_owner_);
+      if (st.ok()) {
+        fusion_ = fusion_owner_->mutable_data();
+        // The framework may hand out memory its own stream still works in
+        // (freed there, not yet done): this stream waits for that stream.
+        if (std::shared_ptr<ReadyEvent> ev = fusion_owner_->ready_event()) st = WaitFor(*ev);
+      } else {
+        fusion_owner_.reset();
+        st = Broken(Status::Internal(
+            "tfhvd: rank " + std::to_string(topo_.rank) + " (GPU " + std::to_string(device_) +
+            "): TensorFlow could not allocate the " + std::to_string(want >> 20) +
+            " MiB GPU fusion buffer (" + st.message() + "); a smaller TFHVD_FUSION_THRESHOLD "
+            "shrinks it"));
+      }
+    } else if (st.ok()) {
       cudaError_t e = cudaMalloc(&fusion_, want);
       if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();  // not sticky: clear it

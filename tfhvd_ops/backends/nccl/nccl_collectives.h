@@ -112,7 +112,10 @@ class NcclCollectives : public Collectives {
   Status Barrier() override;
   const char* name() const override { return "NCCL"; }
 
-  void* FusionBuffer(int64_t bytes) override;
+  // From the framework's allocator on this GPU where `framework` has one
+  // (TensorFlow's), else cudaMalloc; grown in 1 MiB steps, after the stream
+  // drained (queued work may still use the old one).
+  void* FusionBuffer(int64_t bytes, OpContext* framework) override;
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
@@ -180,6 +183,7 @@ class NcclCollectives : public Collectives {
   std::unique_ptr<Finalizer> finalizer_;  // made with the stream
   void* fusion_ = nullptr;
   int64_t fusion_bytes_ = 0;
+  std::shared_ptr<Tensor> fusion_owner_;  // set: fusion_ is the framework's memory
   void* host_buf_ = nullptr;          // pinned staging for the cross-node step
   int64_t host_buf_bytes_ = 0;
   void* scratch_ = nullptr;           // barrier
