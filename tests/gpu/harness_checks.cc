@@ -74,6 +74,29 @@ std::string AllreduceCheck(const Env& env, DataType dt, core::ReduceOp op, doubl
   return Compare(ReadTensor(*Output(o)), want);
 }
 
+// Runs `ops` as one request; each output must be `scale` times the sum of
+// the inputs of `ranks` (Filled's values).
+std::string RunAndCheckSums(std::vector<Op>* ops, const std::vector<int>& ranks, double scale) {
+  std::vector<Op*> ptrs;
+  for (Op& o : *ops) ptrs.push_back(&o);
+  std::string why = Failed(Run(ptrs));
+  for (Op& o : *ops) {
+    if (!why.empty()) break;
+    std::vector<double> want(core::NumElements(o.params.shape), 0);
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (int r : ranks) want[i] += scale * Value(r, i);
+    }
+    why = Compare(ReadTensor(*Output(o)), want);
+  }
+  return why;
+}
+
+std::vector<int> Ranks(int n) {
+  std::vector<int> out(n);
+  for (int r = 0; r < n; ++r) out[r] = r;
+  return out;
+}
+
 std::string Fused(const Env& env, int tensors) {
   std::vector<Op> ops;
   for (int t = 0; t < tensors; ++t) {
@@ -85,18 +108,7 @@ std::string Fused(const Env& env, int tensors) {
     o.params.prescale = 2.0;
     ops.push_back(std::move(o));
   }
-  std::vector<Op*> ptrs;
-  for (Op& o : ops) ptrs.push_back(&o);
-  std::string why = Failed(Run(ptrs));
-  for (Op& o : ops) {
-    if (!why.empty()) break;
-    std::vector<double> want(core::NumElements(o.params.shape), 0);
-    for (size_t i = 0; i < want.size(); ++i) {
-      for (int r = 0; r < env.size; ++r) want[i] += 2.0 * Value(r, i) / env.size;
-    }
-    why = Compare(ReadTensor(*Output(o)), want);
-  }
-  return why;
+  return RunAndCheckSums(&ops, Ranks(env.size), 2.0 / env.size);
 }
 
 std::string Allgather(const Env& env) {
@@ -206,17 +218,7 @@ std::string FusionFromFramework(const Env& env) {
     ops.push_back(MakeOp("fusion.framework." + std::to_string(t), CollectiveType::kAllreduce,
                          Filled(DataType::kFloat32, {(3 << 19) + t}, env.device, env.rank)));
   }
-  std::vector<Op*> ptrs;
-  for (Op& o : ops) ptrs.push_back(&o);
-  std::string why = Failed(Run(ptrs));
-  for (Op& o : ops) {
-    if (!why.empty()) break;
-    std::vector<double> want(core::NumElements(o.params.shape), 0);
-    for (size_t i = 0; i < want.size(); ++i) {
-      for (int r = 0; r < env.size; ++r) want[i] += Value(r, i);
-    }
-    why = Compare(ReadTensor(*Output(o)), want);
-  }
+  std::string why = RunAndCheckSums(&ops, Ranks(env.size), 1.0);
   if (why.empty() && DeviceBufferAllocations() == before) {
     why = "the fusion buffer grew without the framework's allocator";
   }
@@ -230,8 +232,7 @@ std::string FusionFromFramework(const Env& env) {
 // (one rank has no set but the global one).
 std::string ProcessSets(const Env& env) {
   if (env.size < 2) return "";
-  std::vector<int> ranks;
-  for (int r = 0; r < env.size - 1; ++r) ranks.push_back(r);
+  const std::vector<int> ranks = Ranks(env.size - 1);
   const bool member = env.rank < static_cast<int>(ranks.size());
   char err[512] = {0};
   for (int round = 0; round < 2; ++round) {
@@ -243,20 +244,14 @@ std::string ProcessSets(const Env& env) {
     for (int i = 0; i < 3; ++i) {
       const std::string tag = std::to_string(round) + "." + std::to_string(i);
       if (member) {  // two tensors: fused, so their copies use the kernels
-        Op a = MakeOp("pset.a." + tag, CollectiveType::kAllreduce,
-                      Filled(DataType::kFloat32, {1027 + i}, env.device, env.rank));
-        Op b = MakeOp("pset.b." + tag, CollectiveType::kAllreduce,
-                      Filled(DataType::kFloat32, {77}, env.device, env.rank));
-        a.params.process_set_id = b.params.process_set_id = id;
-        std::string why = Failed(Run({&a, &b}));
-        for (Op* o : {&a, &b}) {
-          if (!why.empty()) break;
-          std::vector<double> want(core::NumElements(o->params.shape), 0);
-          for (size_t k = 0; k < want.size(); ++k) {
-            for (int r : ranks) want[k] += Value(r, k);
-          }
-          why = Compare(ReadTensor(*Output(*o)), want);
+        std::vector<Op> ops;
+        for (int64_t n : {int64_t{1027} + i, int64_t{77}}) {
+          ops.push_back(MakeOp("pset." + std::to_string(n) + "." + tag,
+                               CollectiveType::kAllreduce,
+                               Filled(DataType::kFloat32, {n}, env.device, env.rank)));
+          ops.back().params.process_set_id = id;
         }
+        std::string why = RunAndCheckSums(&ops, ranks, 1.0);
         if (!why.empty()) return "process set " + std::to_string(id) + ": " + why;
       }
       std::string why = Fused(env, 3);
