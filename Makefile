@@ -192,6 +192,9 @@ test-parallel: setup
 
 # The parallel suite again under tfhvdrun --gloo (no mpirun).
 TFHVDRUN_GLOO := $(PY) -m tfhvd.runner --gloo
+GLOO_NP3_TESTS := $(addprefix tests/parallel/,test_adasum.py test_broadcast_inplace.py \
+  test_collectives.py test_elastic_states.py test_errors.py test_fused_outputs.py test_gloo.py \
+  test_graph_inline.py test_process_sets.py test_small_int_sums.py)
 test-parallel-gloo: setup
 	@echo "== core and backend tests (no TensorFlow) under tfhvdrun --gloo: 2 and 3 processes"
 	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 2 $(BUILD_DIR)/tfhvd_core_test
@@ -200,9 +203,11 @@ test-parallel-gloo: setup
 	$(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	$(TIMEOUT) $(MPIRUN) -np 3 $(BUILD_DIR)/tfhvd_backend_test
 	for n in 2 3 4; do $(TIMEOUT) $(TFHVDRUN_GLOO) -np $$n $(BUILD_DIR)/tfhvd_adasum_test || exit 1; done
-	@# At 2 ranks the suite runs over Gloo in test-gloo-only (the Gloo-only variant).
-	@echo "== parallel tests under tfhvdrun --gloo -np 3"
-	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider tests/parallel
+	@# At 2 ranks the whole suite runs over Gloo in test-gloo-only (the Gloo-only
+	@# variant); at 3 ranks over Gloo, the files about the transport (the Keras and
+	@# gradient files run at 3 ranks over MPI and at 2 over Gloo).
+	@echo "== parallel tests under tfhvdrun --gloo -np 3: collectives, process sets, errors, Adasum, elastic state"
+	$(TEST_ENV) $(TIMEOUT) $(TFHVDRUN_GLOO) -np 3 tests/parallel/run_rank.sh $(PY) -m pytest -q -rs --color=no -p no:cacheprovider $(GLOO_NP3_TESTS)
 
 # The Gloo-only variant (TFHVD_WITHOUT_MPI=1), built in its own folder like
 # the GPU variant: ldd must show no MPI, and it passes the core test and the
