@@ -127,8 +127,7 @@ NcclCollectives::~NcclCollectives() {
   // up to the deadline, so that a reset never hangs on it.
   if (is_broken_ && elastic_) AbortCommunicators();
   if (stuck && fusion_owner_) {
-    // Left held, like the stream and the other buffers: stuck work may still
-    // write it, so it must not go back to the framework's allocator.
+    // Left held like the rest: stuck work may still write it.
     new std::shared_ptr<Tensor>(std::move(fusion_owner_));
   }
   if (!stuck) {
@@ -538,16 +537,14 @@ void* NcclCollectives::FusionBuffer(int64_t bytes, OpContext* framework) {
       st = framework->AllocateDeviceBuffer(want, &fusion_owner_);
       if (st.ok()) {
         fusion_ = fusion_owner_->mutable_data();
-        // The framework may hand out memory its own stream still works in
-        // (freed there, not yet done): this stream waits for that stream.
+        // Memory the framework's stream may still use: wait for that stream.
         if (std::shared_ptr<ReadyEvent> ev = fusion_owner_->ready_event()) st = WaitFor(*ev);
       } else {
         fusion_owner_.reset();
         st = Broken(Status::Internal(
             "tfhvd: rank " + std::to_string(topo_.rank) + " (GPU " + std::to_string(device_) +
-            "): TensorFlow could not allocate the " + std::to_string(want >> 20) +
-            " MiB GPU fusion buffer (" + st.message() + "); a smaller TFHVD_FUSION_THRESHOLD "
-            "shrinks it"));
+            "): TensorFlow could not allocate the " + std::to_string(want >> 20) + " MiB GPU "
+            "fusion buffer (" + st.message() + "); a smaller TFHVD_FUSION_THRESHOLD shrinks it"));
       }
     } else if (st.ok()) {
       cudaError_t e = cudaMalloc(&fusion_, want);
