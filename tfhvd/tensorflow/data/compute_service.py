@@ -27,6 +27,7 @@ otherwise.
 """
 
 import binascii
+import ctypes
 import dataclasses
 import json
 import logging
@@ -161,9 +162,16 @@ def _stop(server: Any, wait_s: Optional[float] = None) -> bool:
 
     A worker whose task still asks a dispatcher that has gone for its next
     split does not stop before ``dispatcher_timeout_ms``; the bounded stop
-    leaves it to the process's exit instead (the thread keeps the server
-    referenced, so no finalizer blocks on it meanwhile).  True when stopped.
+    leaves it to the process's exit instead.  Even a worker that stopped
+    serving may keep such a task thread, and its C++ destructor joins it:
+    freed on the main thread, it would hold the process (and its tfhvd
+    shutdown) for that long.  So a worker's reference is leaked here, and
+    not even the interpreter's teardown frees it: the process's exit ends
+    its threads.  True when stopped.
     """
+    if wait_s is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(server))
+
     def stop() -> None:
         server.stop() if hasattr(server, "stop") else server._stop()
         server.join()
