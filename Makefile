@@ -125,10 +125,17 @@ demo: setup
 SKIP_REPORT_DIR := $(abspath $(BUILD_DIR))/test-skips
 test: export TESTS_SKIP_REPORT_DIR := $(SKIP_REPORT_DIR)
 test: setup skip-report-reset test-core test-single test-parallel test-parallel-np4 test-gloo \
-	test-integration test-elastic test-engines test-gpu-build test-fake-gpu docker-check test-docs test-install \
-	test-network
+	test-integration test-elastic test-engines test-gpu-build test-fake-gpu docker-check \
+	test-docs-and-install test-network
 	@$(PY) scripts/skip_summary.py $(SKIP_REPORT_DIR)
 	@echo "== all tests passed"
+
+# The docs' commands and the install check share no files (build/doc-commands,
+# build/install-check) and mostly wait (on pip, on small jobs): they run side by
+# side, each target's output printed whole when it ends. Either failing fails this.
+.PHONY: test-docs-and-install
+test-docs-and-install: setup
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-docs test-install
 
 # The docs: the MkDocs site in strict mode (any warning fails, the theme needs no network),
 # every relative link and #anchor of README.md and docs/*.md, and their commands.
