@@ -126,10 +126,8 @@ NcclCollectives::~NcclCollectives() {
   // not wait for the peers; it still runs on a thread of its own, waited for
   // up to the deadline, so that a reset never hangs on it.
   if (is_broken_ && elastic_) AbortCommunicators();
-  if (stuck && fusion_owner_) {
-    // Left held like the rest: stuck work may still write it.
-    new std::shared_ptr<Tensor>(std::move(fusion_owner_));
-  }
+  // Stuck: the fusion buffer is left held like the rest (stuck work may write it).
+  if (stuck && fusion_owner_) new std::shared_ptr<Tensor>(std::move(fusion_owner_));
   if (!stuck) {
     if (fusion_ != nullptr && !fusion_owner_) cudaFree(fusion_);
     fusion_owner_.reset();
