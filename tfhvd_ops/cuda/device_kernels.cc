@@ -141,10 +141,14 @@ Status DeviceKernels::LaunchBatchedScaledCopy(const CopyBatch& batch, void* stre
   if (function_ == nullptr) {
     return Status::Internal("tfhvd: internal error: CUDA kernels used before they were loaded");
   }
-  const unsigned gx = BatchGridX(batch, sm_count_);
-  if (gx == 0) return Status::OK();  // nothing to copy
-  void* params[] = {const_cast<CopyBatch*>(&batch)};
-  Driver::Result r = driver_->launch_kernel(function_, gx, static_cast<unsigned>(batch.n), 1,
+  CopyBatch laid = batch;  // the parameter block, with each task's first tile
+  const int64_t tiles = LayOutTiles(&laid);
+  if (tiles == 0) return Status::OK();  // nothing to copy
+  if (tiles < 0) {
+    return Status::InvalidArgument("tfhvd: a batch of GPU copies too large for one launch");
+  }
+  void* params[] = {&laid};
+  Driver::Result r = driver_->launch_kernel(function_, static_cast<unsigned>(tiles), 1, 1,
                                             kThreadsPerBlock, 1, 1, 0, stream, params, nullptr);
   if (r != 0) {
     return Status::Internal("tfhvd: CUDA error on GPU " + std::to_string(device_) +

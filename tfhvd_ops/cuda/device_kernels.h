@@ -23,19 +23,23 @@
 namespace tfhvd {
 namespace cuda {
 
-// The x blocks per task of a batch launch (the y dimension is the task):
-// enough for one 16-byte unit per thread for the largest task, at most
-// about 8 resident 256-thread blocks per SM shared among the tasks.
-inline unsigned BatchGridX(const CopyBatch& batch, int sm_count) {
-  int64_t most = 0;
-  for (int i = 0; i < batch.n; ++i) {
-    most = std::max(most, batch.tasks[i].count *
-                              DataTypeSize(static_cast<DataType>(batch.tasks[i].dtype)));
+// Numbers the tiles of a batch task after task (each task's first_tile) and
+// returns how many there are: the launch's blocks.  A task with nothing to
+// do (a plain copy onto itself, no elements) gets no tile.  -1: more tiles
+// than a launch can number.
+inline int64_t LayOutTiles(CopyBatch* batch) {
+  int64_t tiles = 0;
+  for (int i = 0; i < batch->n; ++i) {
+    CopyTask& t = batch->tasks[i];
+    t.first_tile = static_cast<int32_t>(tiles);
+    const bool noop = t.src == t.dst &&
+                      (t.factor == 1.0 || t.dtype == static_cast<int32_t>(DataType::kBool));
+    const int64_t bytes =
+        noop ? 0 : t.count * DataTypeSize(static_cast<DataType>(t.dtype));
+    tiles += (bytes + kTileBytes - 1) / kTileBytes;
+    if (tiles > int64_t{0x7fffffff}) return -1;
   }
-  const int64_t units = (most + 15) / 16;
-  const int64_t needed = (units + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  const int64_t cap = std::max<int64_t>(1, int64_t{8} * std::max(sm_count, 1) / batch.n);
-  return static_cast<unsigned>(std::min(needed, cap));
+  return tiles;
 }
 
 // One embedded image: a cubin ("cubin", real code for sm_<arch>) or PTX
@@ -91,8 +95,8 @@ class DeviceKernels {
   const std::string& image() const { return image_; }
   int sm_count() const { return sm_count_; }
 
-  // One launch for the whole batch on `stream` (a cudaStream_t); the grid
-  // is sized from the SM count.
+  // One launch for the whole batch on `stream` (a cudaStream_t): a block per
+  // tile (LayOutTiles).
   Status LaunchBatchedScaledCopy(const CopyBatch& batch, void* stream);
 
  private:

@@ -26,6 +26,10 @@ struct CopyTask {
   int64_t count;
   double factor;
   int32_t dtype;
+  // The task's first tile in the launch (set by the launcher,
+  // device_kernels.h LayOutTiles): the tiles of a batch are numbered task
+  // after task.
+  int32_t first_tile;
 };
 
 // Up to kMaxBatch copies launched as one kernel: the copies into and out of
@@ -42,6 +46,13 @@ struct CopyBatch {
 #define TFHVD_BATCHED_COPY_KERNEL "tfhvd_batched_scaled_copy"
 // Threads per block of every launch.
 constexpr int kThreadsPerBlock = 256;
+// One block copies one tile: kTileBytes of one task (its last tile may be
+// shorter), 16 bytes a thread four times over where the pointers allow, so
+// every thread has four loads in flight before it stores.  A batch is as
+// many blocks as it has tiles, so tasks of any sizes share the GPU in
+// proportion to their bytes (a large task no longer ends alone).
+constexpr int kUnroll = 4;
+constexpr int64_t kTileBytes = int64_t{16} * kThreadsPerBlock * kUnroll;
 
 }  // namespace cuda
 }  // namespace tfhvd

@@ -114,9 +114,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   if (params == nullptr || params[0] == nullptr || extra != nullptr) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  // The kernel's __launch_bounds__ is 256 threads, one dimension.
+  // The kernel indexes its tiles with 256 threads a block, one dimension.
   if (gx == 0 || gz != 1 || bx == 0 || bx > 256 || by != 1 || bz != 1 || shared != 0 ||
-      !fakegpu::CopyKernelGridFits(params[0], gy)) {
+      !fakegpu::CopyKernelGridFits(params[0], gx, gy, bx)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   // The parameter block is copied at launch, like the driver does.

@@ -144,8 +144,9 @@ bool BeginStreamOp(bool slow = false);
 void RunCopyKernel(const void* params, unsigned gx, unsigned gy, unsigned bx);
 // The parameter block's size (sizeof(tfhvd::cuda::CopyBatch)).
 size_t CopyKernelParamBytes();
-// Whether a launch's grid rows match its batch (one row per task).
-bool CopyKernelGridFits(const void* params, unsigned gy);
+// Whether a launch's grid matches its batch: one 256-thread block per tile
+// (device_kernels.h LayOutTiles).
+bool CopyKernelGridFits(const void* params, unsigned gx, unsigned gy, unsigned bx);
 
 }  // namespace fakegpu
 

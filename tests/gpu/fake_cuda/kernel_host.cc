@@ -5,6 +5,8 @@
 // The emulation's thread indices are globals: one launch at a time.
 #include "../../../tfhvd_ops/cuda/gpu_kernels.cu"
 
+#include "../../../tfhvd_ops/cuda/device_kernels.h"
+
 #include <cstddef>
 #include <mutex>
 
@@ -29,11 +31,20 @@ void RunCopyKernel(const void* params, unsigned gx, unsigned gy, unsigned bx) {
   }
 }
 
-// The launch's grid against its batch: a row per task.
-bool CopyKernelGridFits(const void* params, unsigned gy) {
+// The launch's grid against its batch: one block of kThreadsPerBlock per
+// tile, the tiles numbered as LayOutTiles does.
+bool CopyKernelGridFits(const void* params, unsigned gx, unsigned gy, unsigned bx) {
   const auto& batch = *static_cast<const tfhvd::cuda::CopyBatch*>(params);
-  return batch.n >= 1 && batch.n <= tfhvd::cuda::kMaxBatch &&
-         gy == static_cast<unsigned>(batch.n);
+  if (batch.n < 1 || batch.n > tfhvd::cuda::kMaxBatch || gy != 1 ||
+      bx != static_cast<unsigned>(tfhvd::cuda::kThreadsPerBlock)) {
+    return false;
+  }
+  tfhvd::cuda::CopyBatch laid = batch;
+  if (tfhvd::cuda::LayOutTiles(&laid) != static_cast<int64_t>(gx)) return false;
+  for (int i = 0; i < batch.n; ++i) {
+    if (laid.tasks[i].first_tile != batch.tasks[i].first_tile) return false;
+  }
+  return true;
 }
 
 }  // namespace fakegpu
