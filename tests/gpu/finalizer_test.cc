@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -94,6 +95,31 @@ long OtherThreadsWakeups() {
   return n;
 }
 
+// How many of this process's threads but the main one are running or
+// runnable (state R), the most seen in `samples` looks 5 ms apart (the
+// first 5 ms from now).
+int OtherThreadsRunning(int samples) {
+  int most = 0;
+  const std::string self = std::to_string(getpid());
+  for (int i = 0; i < samples; ++i) {
+    std::this_thread::sleep_for(Ms(5));
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.' || self == e->d_name) continue;
+        std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/stat");
+        std::string stat;
+        std::getline(in, stat);
+        const size_t paren = stat.rfind(')');
+        n += paren != std::string::npos && stat.compare(paren + 1, 3, " R ") == 0;
+      }
+      closedir(d);
+    }
+    most = std::max(most, n);
+  }
+  return most;
+}
+
 // Everything recorded by the callbacks, in delivery order.
 struct Log {
   std::mutex mu;
@@ -146,6 +172,23 @@ void OrderAndHandOff() {
   Check(watched == idle_from && woke_idle <= 1,
         "an idle finalizer's threads sleep (" + std::to_string(woke_idle) +
             " wake-ups in 200 ms)");
+}
+
+// Options::linger: after a delivery the waiting thread stays awake (it is
+// seen running) and takes a push made meanwhile; then it sleeps.
+void LingerThenSleep() {
+  Log log;
+  Finalizer::Options o;
+  o.linger = std::chrono::milliseconds(400);
+  Finalizer f(o);
+  f.Push([] { return Status::OK(); }, [&](const Status&) { log.Add("a"); });
+  f.Drain();
+  Check(OtherThreadsRunning(10) >= 1, "the waiting thread stays awake after a delivery");
+  f.Push([] { return Status::OK(); }, [&](const Status&) { log.Add("b"); });
+  f.Drain();
+  Check(log.Joined() == "a,b", "a push while it lingers is delivered: " + log.Joined());
+  std::this_thread::sleep_for(Ms(600));
+  Check(OtherThreadsRunning(10) == 0, "then both threads sleep");
 }
 
 void FailPendingAndAbandon() {
@@ -295,6 +338,7 @@ void ExecutorHandsOver() {
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   OrderAndHandOff();
+  LingerThenSleep();
   FailPendingAndAbandon();
   ExecutorHandsOver();
   std::printf("%d passed, %d failed\n", passed, failed);

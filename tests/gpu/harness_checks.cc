@@ -210,17 +210,38 @@ std::string Mixed(const Env& env) {
 
 // The GPU fusion buffer comes from the framework's device allocator (the
 // op context's; TensorFlow's in the library), not from cudaMalloc beside it:
-// a fused response larger than any before grows the buffer through it.
+// a fused response larger than any before grows the buffer through it.  (A
+// prescale and a postscale: the fusion buffer's path at one rank too.)
 std::string FusionFromFramework(const Env& env) {
   const int before = DeviceBufferAllocations();
   std::vector<Op> ops;
   for (int t = 0; t < 3; ++t) {  // 3 x 1.5M float32: 18 MiB, more than any check before
     ops.push_back(MakeOp("fusion.framework." + std::to_string(t), CollectiveType::kAllreduce,
                          Filled(DataType::kFloat32, {(3 << 19) + t}, env.device, env.rank)));
+    ops.back().params.prescale = 0.5;
+    ops.back().params.postscale = 2.0;
   }
   std::string why = RunAndCheckSums(&ops, Ranks(env.size), 1.0);
   if (why.empty() && DeviceBufferAllocations() == before) {
     why = "the fusion buffer grew without the framework's allocator";
+  }
+  return why;
+}
+
+// One rank: a fused allreduce copies (and scales) each input straight to its
+// output, so even one larger than any before needs no fusion buffer.
+std::string OneRankDirect(const Env& env) {
+  const int before = DeviceBufferAllocations();
+  std::vector<Op> ops;
+  for (int t = 0; t < 4; ++t) {  // 4 x 1.5M float32: 24 MiB
+    ops.push_back(MakeOp("one.rank." + std::to_string(t), CollectiveType::kAllreduce,
+                         Filled(DataType::kFloat32, {(3 << 19) + t}, env.device, env.rank)));
+    ops.back().params.reduce_op = core::ReduceOp::kAverage;
+    ops.back().params.postscale = 0.5;
+  }
+  std::string why = RunAndCheckSums(&ops, Ranks(env.size), 0.5 / env.size);
+  if (why.empty() && env.size == 1 && DeviceBufferAllocations() != before) {
+    why = "a one-rank allreduce used a fusion buffer";
   }
   return why;
 }
@@ -434,6 +455,7 @@ void AddChecks(bool gpu, std::vector<std::pair<std::string, Check>>* checks) {
                        FusionFromFramework);
   checks->emplace_back("process sets: own communicators, removed and added again",
                        ProcessSets);
+  checks->emplace_back("one rank: each tensor copied straight to its output", OneRankDirect);
 }
 
 }  // namespace harness

@@ -96,6 +96,9 @@ class Collectives {
   virtual Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                             double factor) = 0;
   virtual Status Zero(void* dst, int64_t bytes) = 0;
+  // Whether this transport can reduce `dtype` with `op` (else its error): a
+  // set of one rank reduces nothing, yet refuses what a larger set would.
+  virtual Status CheckReduce(DataType dtype, ReduceOp op) { return Status::OK(); }
   // Allreduce, then recv[i] *= post (Average's 1/size, a postscale).  A
   // transport that can fold the factor into the reduction (NCCL's PreMulSum)
   // saves the separate pass over the output; the others run both steps.

@@ -191,6 +191,27 @@ Status Executor::Allreduce(const Response& r,
   const int64_t esize = DataTypeSize(p.dtype);
   const double post = PostFactor(p, size);
   const ReduceOp op = WireOp(p.reduce_op);
+  // A set of one rank on a GPU: the reduction is the identity, so each
+  // tensor is copied (scaled) straight to its output: no fusion buffer and
+  // no NCCL call, one batched kernel launch for a whole fused response.
+  // What the transport cannot reduce still fails, as with peers.  With both
+  // a prescale and a postscale, the general path (two roundings, as with
+  // peers).
+  if (size == 1 && p.device >= 0 && p.reduce_op != ReduceOp::kAdasum &&
+      (p.prescale == 1.0 || post == 1.0)) {
+    TFHVD_RETURN_IF_ERROR(c->CheckReduce(p.dtype, op));
+    in_phase_ = false;
+    Phase(r, entries, std::string(c->name()) + "_ALLREDUCE");
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i]) continue;
+      TensorTableEntry& e = *entries[i];
+      TFHVD_RETURN_IF_ERROR(PlaceOutput(e));
+      TFHVD_RETURN_IF_ERROR(c->ScaledCopy(e.input->data(), e.output->mutable_data(), r.sizes[i],
+                                          p.dtype, p.prescale * post));
+    }
+    Phase(r, entries, "");
+    return Status::OK();
+  }
   if (entries.size() == 1 && entries[0]) {
     TensorTableEntry& e = *entries[0];
     const int64_t n = r.sizes[0];

@@ -133,6 +133,7 @@ finish() {
 }
 
 one=(--only "allreduce sum float32" --flat)
+one_nccl=(--only "broadcast int64 from the last rank" --flat)
 echo "== the harness's GPU checks on the fake GPU (flat and hierarchical)"
 every_check gpu-1rank 1 TFHVD_NCCL_TIMEOUT=30 --
 every_check gpu-2ranks 2 TFHVD_NCCL_TIMEOUT=30 --
@@ -189,10 +190,11 @@ fails_with nccl-hang-2ranks 2 13 "NCCL" \
 has nccl-hang-2ranks 1 "did not finish within 3 s (TFHVD_NCCL_TIMEOUT" ||
   bad nccl-hang-2ranks "rank 1 does not report its own timeout"
 under 2.5 "$ELAPSED" || bad nccl-hang-2ranks "ended after $ELAPSED s, before its 3 s timeout"
+# (One rank's allreduce is a copy, without NCCL: these run a broadcast.)
 fails_with nccl-async-error-1rank 1 8 "NCCL error on rank 0" \
-  TFHVD_NCCL_TIMEOUT=20 TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER=0 -- "${one[@]}"
+  TFHVD_NCCL_TIMEOUT=20 TFHVD_FAKE_NCCL_ASYNC_ERROR_AFTER=0 -- "${one_nccl[@]}"
 fails_with nccl-hang-1rank 1 13 "did not finish within 3 s (TFHVD_NCCL_TIMEOUT" \
-  TFHVD_NCCL_TIMEOUT=3 TFHVD_FAKE_NCCL_HANG_AFTER=0 -- "${one[@]}"
+  TFHVD_NCCL_TIMEOUT=3 TFHVD_FAKE_NCCL_HANG_AFTER=0 -- "${one_nccl[@]}"
 # Rank 1's ncclCommInitRank fails before it meets rank 0, which waits in
 # its own ncclCommInitRank (as NCCL's bootstrap does) until the deadline.
 KILLED_WAITING=1 fails_with nccl-init-error-rank1 2 13 "NCCL" \

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <string>
 
 #include "../../core/common.h"
@@ -33,6 +34,11 @@ inline Status CudaStatus(cudaError_t e, const std::string& what, int rank, int d
   return Status::Internal("tfhvd: CUDA error on " + WhereString(rank, device) + " in " + what +
                           ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
+
+// Waits for `e`: spins (yielding the core) for up to `spin`, while a short
+// collective is likely to end, then sleeps in the driver's blocking wait.
+// (gpu_events.cc)
+cudaError_t AwaitEvent(cudaEvent_t e, std::chrono::microseconds spin);
 
 // `comm` may be null (init failures); NCCL's last error adds the detail its
 // result code lacks ("peer 3 closed the connection", ...).

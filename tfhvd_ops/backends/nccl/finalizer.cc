@@ -1,5 +1,6 @@
 #include "finalizer.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -31,6 +32,9 @@ struct Finalizer::State {
   std::condition_variable idle_cv;   // a delivery
   std::deque<Item> items;            // front: the one being waited for
   size_t undelivered = 0;
+  // Bumped by every push and by Stop: what a lingering worker watches
+  // without the lock.
+  std::atomic<uint64_t> wakes{0};
   bool started = false;
   bool stop_work = false;
   bool stop_watch = false;
@@ -43,7 +47,16 @@ struct Finalizer::State {
 void Finalizer::State::Work() {
   if (opt.on_start) opt.on_start();
   std::unique_lock<std::mutex> l(mu);
+  Clock::time_point delivered{};  // the last delivery, while lingering after it
   while (true) {
+    if (items.empty() && !stop_work && delivered != Clock::time_point{}) {
+      const uint64_t seen = wakes.load();
+      l.unlock();
+      const Clock::time_point until = delivered + opt.linger;
+      while (wakes.load() == seen && Clock::now() < until) std::this_thread::yield();
+      l.lock();
+    }
+    delivered = Clock::time_point{};
     work_cv.wait(l, [this] { return stop_work || !items.empty(); });
     if (items.empty()) return;  // stopped, and everything delivered
     Wait wait = std::move(items.front().wait);
@@ -59,6 +72,7 @@ void Finalizer::State::Work() {
     l.lock();
     --undelivered;
     idle_cv.notify_all();
+    if (opt.linger.count() > 0) delivered = Clock::now();
   }
 }
 
@@ -108,6 +122,7 @@ void Finalizer::Stop() {
     std::lock_guard<std::mutex> l(s->mu);
     if (!s->started || s->stop_watch) return;
     s->stop_work = true;
+    s->wakes.fetch_add(1);
   }
   s->work_cv.notify_all();
   // Normally the worker delivers everything first, while the watchdog still
@@ -134,6 +149,7 @@ void Finalizer::Push(Wait wait, Done done) {
   }
   s->items.push_back(State::Item{std::move(wait), std::move(done), Clock::now(), false});
   ++s->undelivered;
+  s->wakes.fetch_add(1);
   s->work_cv.notify_one();
   if (s->watch_asleep) s->watch_cv.notify_one();
 }

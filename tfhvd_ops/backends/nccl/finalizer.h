@@ -17,7 +17,8 @@
 // NCCL's asynchronous errors.  It may call FailPending.
 //
 // Both threads start on the first push: a runtime without device work has
-// none, and an idle one has both asleep on a condition variable.  Plain C++:
+// none, and an idle one has both asleep on a condition variable (the
+// waiting thread after at most Options::linger).  Plain C++:
 // no CUDA here, so the ordering and error rules are unit-tested on any
 // machine (tests/gpu/finalizer_test.cc).
 #ifndef TFHVD_BACKENDS_NCCL_FINALIZER_H_
@@ -43,6 +44,12 @@ class Finalizer {
     // has run, every `watch_period` while work is pending.
     std::function<void(Clock::duration oldest)> watch;
     std::chrono::milliseconds watch_period{50};
+    // After a delivery the waiting thread stays awake this long (yielding
+    // the core) for the next push, as the runtime's loop lingers after its
+    // work: the next response of a step usually follows within
+    // microseconds, and waking a sleeping thread costs several.  Then it
+    // sleeps until a push.  Zero: it sleeps at once.
+    std::chrono::microseconds linger{0};
   };
 
   explicit Finalizer(Options options);

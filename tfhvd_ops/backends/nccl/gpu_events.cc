@@ -3,7 +3,9 @@
 // reference goes.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "../../core/common.h"
@@ -92,6 +94,16 @@ Status RecordReadyEvent(int device, void* stream, std::shared_ptr<ReadyEvent>* o
   }
   if (previous >= 0 && previous != device) cudaSetDevice(previous);
   return st;
+}
+
+cudaError_t AwaitEvent(cudaEvent_t e, std::chrono::microseconds spin) {
+  const auto until = std::chrono::steady_clock::now() + spin;
+  cudaError_t q;
+  while ((q = cudaEventQuery(e)) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() > until) return cudaEventSynchronize(e);
+    std::this_thread::yield();
+  }
+  return q;
 }
 
 }  // namespace tfhvd

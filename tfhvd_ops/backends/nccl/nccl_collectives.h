@@ -119,6 +119,7 @@ class NcclCollectives : public Collectives {
   Status ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
                     double factor) override;
   Status Zero(void* dst, int64_t bytes) override;
+  Status CheckReduce(DataType dtype, ReduceOp op) override;
   // float32/float64 Sum with a factor: one ncclAllReduce with a PreMulSum op;
   // float16/bfloat16 averages: ncclAvg.  No separate
   // scaling pass.  Integers keep Horovod's truncating scale pass.
