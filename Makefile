@@ -25,7 +25,7 @@ TEST_ENV := TFHVD_STALL_CHECK_TIME_SECONDS=20 TFHVD_STALL_SHUTDOWN_TIME_SECONDS=
 # Per-command ceiling so that no broken test can hang CI.
 TIMEOUT := timeout --signal=KILL 900
 
-.PHONY: setup mpi gloo openssl java test-engines gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
+.PHONY: setup mpi gloo openssl xla-headers java test-engines gloo-only-build test-gloo test-parallel-gloo test-gloo-only demo test \
 	skip-report-reset test-core test-single test-parallel test-parallel-np4 test-integration \
 	test-elastic test-docs clean \
 	gpu-deps gpu-build test-gpu-build test-gpu docker-check
@@ -49,7 +49,7 @@ GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -path tests/gpu/fake_cuda -prune
 	-o -name '*.h' -o -name '*.cu' -o -name '*.cmake' -o -name 'CMakeLists.txt' \
 	-o -name 'gpu_config.py' -o -name 'build_device_code.py' \) -print)
 
-setup: mpi gloo openssl java $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
+setup: mpi gloo openssl xla-headers java $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
 mpi:
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then \
@@ -72,6 +72,21 @@ openssl:
 	      libssl-dev >/dev/null; \
 	  else \
 	    echo "OpenSSL's libcrypto is missing: run 'sudo apt-get install -y libssl-dev'"; exit 1; \
+	  fi; \
+	fi
+
+# highwayhash and farmhash headers (Debian's libhighwayhash-dev and
+# libfarmhash-dev), which TensorFlow's XLA headers include and its wheel
+# leaves out: the XLA ops (tfhvd_ops/tensorflow/xla_ops.cc) need them; without
+# them tfhvd builds without XLA ops.
+xla-headers:
+	@if [ ! -f /usr/include/highwayhash/highwayhash.h ] || [ ! -f /usr/include/farmhash.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "== installing the highwayhash and farmhash headers from Debian packages"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      libhighwayhash-dev libfarmhash-dev >/dev/null; \
+	  else \
+	    echo "XLA's headers need highwayhash and farmhash (tfhvd builds without XLA ops): run 'sudo apt-get install -y libhighwayhash-dev libfarmhash-dev'"; \
 	  fi; \
 	fi
 
@@ -311,11 +326,12 @@ $(GPU_LIB): $(GPU_SOURCES) $(NATIVE_SOURCES) setup.py $(GPU_DEPS_STAMP) docker/b
 # and dtype of a library (test_kernel_registry.py runs it), with the GPU build's
 # flags, linked against TensorFlow's framework library.
 MEMORY_TYPES_PROBE := $(GPU_BUILD_DIR)/memory_types_probe
-$(MEMORY_TYPES_PROBE): tests/gpu/memory_types_probe.cc $(GPU_LIB)
+# (libtensorflow_cc loaded up front, as in a TensorFlow process: the XLA ops need it.)
+$(MEMORY_TYPES_PROBE): tests/gpu/memory_types_probe.cc $(GPU_LIB) Makefile
 	tf_dir="$$($(PY) -c 'import os, tensorflow as tf; print(os.path.dirname(tf.__file__))' 2>/dev/null)"; \
 	  $(CXX) $$(sed -n 's/^CXX_FLAGS = //p' $(GPU_BUILD_DIR)/CMakeFiles/tfhvd_ops.dir/flags.make | sed 's/-O3//') \
 	  -O1 -Wall -Wno-interference-size -o $@ $< -L"$$tf_dir" -l:libtensorflow_framework.so.2 \
-	  -Wl,-rpath,"$$tf_dir" -ldl
+	  -Wl,--no-as-needed -l:libtensorflow_cc.so.2 -Wl,--as-needed -Wl,-rpath,"$$tf_dir" -ldl
 
 GPU_MACHINE := $(shell (nvidia-smi -L >/dev/null 2>&1 || test -e /dev/nvidiactl) && echo 1 || echo 0)
 GPU_COUNT := $(shell n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); echo $${n:-0})

@@ -136,11 +136,12 @@ def _flag(env, *names: str) -> bool:
 
 
 def backend_cmake_args(env) -> list:
-    """CPU backends: TFHVD_WITHOUT_MPI/TFHVD_WITHOUT_GLOO=1 leave one out,
-    TFHVD_WITH_MPI/TFHVD_WITH_GLOO=1 require one (Horovod's HOROVOD_* names
-    work too); otherwise CMake builds whichever is installed."""
+    """CPU backends and the XLA ops: TFHVD_WITHOUT_MPI/TFHVD_WITHOUT_GLOO/
+    TFHVD_WITHOUT_XLA_OPS=1 leave one out, TFHVD_WITH_<NAME>=1 requires it
+    (the HOROVOD_* names work too); otherwise CMake builds whatever the
+    machine has."""
     args = []
-    for name in ("MPI", "GLOO"):
+    for name in ("MPI", "GLOO", "XLA_OPS"):
         without = _flag(env, "TFHVD_WITHOUT_" + name, "HOROVOD_WITHOUT_" + name)
         with_ = _flag(env, "TFHVD_WITH_" + name, "HOROVOD_WITH_" + name)
         if without and with_:

@@ -2,7 +2,9 @@
 # System packages: OpenMPI (OPENMPI_VERSION pins the Debian/Ubuntu package
 # version; empty takes the distribution's), CMake, Python's venv and
 # headers, and OpenSSL's libcrypto headers (libssl-dev: HMAC-SHA256 for the
-# job's authentication, docs/security.md).  Nothing to do when everything is installed already, which is the
+# job's authentication, docs/security.md), and the two header-only libraries
+# TensorFlow's XLA headers include (libhighwayhash-dev, libfarmhash-dev: the
+# XLA ops, docs/keras.md).  Nothing to do when everything is installed already, which is the
 # case on a tfhvd dev machine (make docker-check runs this there).
 set -euo pipefail
 # shellcheck source=docker/common.sh
@@ -10,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 pin() { echo "$1${OPENMPI_VERSION:+=$OPENMPI_VERSION}"; }
 packages=("$(pin openmpi-bin)" "$(pin libopenmpi-dev)" cmake python3-venv python3-dev g++ make
-  libssl-dev)
+  libssl-dev libhighwayhash-dev libfarmhash-dev)
 missing=()
 for p in "${packages[@]}"; do
   name="${p%%=*}"

@@ -18,6 +18,7 @@ import tensorflow as tf
 import keras_checks as kc
 import tfhvd.keras as hvd
 from tfhvd._keras import xla_split
+from tfhvd.tensorflow import xla
 
 hvd.init()
 
@@ -216,8 +217,9 @@ def test_unsplittable_custom_train_step_falls_back_with_a_warning():
 
 
 class OwnCollective(keras.Sequential):
-    """A custom train step that averages its loss over ranks itself: the step
-    cannot be compiled around that collective, so it runs without XLA."""
+    """A custom train step that averages its loss over ranks itself: with XLA
+    ops that allreduce is compiled into the step's forward/backward part (an
+    XLA custom call); without them the step runs without XLA."""
 
     def train_step(self, data):
         x, y = data
@@ -228,13 +230,28 @@ class OwnCollective(keras.Sequential):
         return {"loss": hvd.allreduce(loss, name="own_loss")}
 
 
-def test_custom_train_step_with_its_own_collective_falls_back_with_a_warning():
-    def build(seed):
-        keras.utils.set_random_seed(seed)
-        return OwnCollective([keras.Input((kc.FEATURES,)),
-                              keras.layers.Dense(kc.CLASSES, activation="softmax")])
+def _own_collective(seed):
+    keras.utils.set_random_seed(seed)
+    return OwnCollective([keras.Input((kc.FEATURES,)),
+                          keras.layers.Dense(kc.CLASSES, activation="softmax")])
 
-    pair = _run_pair(OPTIMIZERS["sgd_momentum"], build=build, epochs=1)
+
+def test_custom_train_step_with_its_own_collective_compiles_it():
+    assert xla.xla_ops_refusal() is None, xla.xla_ops_refusal()
+    pair = _run_pair(OPTIMIZERS["sgd_momentum"], build=_own_collective, epochs=1)
+    step = xla_split.step_of(pair["xla"]["model"])
+    assert step is not None and step.split is True
+    assert not any("runs a collective itself" in m for m in pair["xla"]["warnings"]), \
+        pair["xla"]["warnings"]
+    kc.assert_ranks_identical(pair["everyone"])
+    for a, b in zip(pair["xla"]["weights"], pair["plain"]["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_custom_train_step_with_its_own_collective_falls_back_without_xla_ops(monkeypatch):
+    # As with TFHVD_ENABLE_XLA_OPS=0 (read once per process, so set here).
+    monkeypatch.setattr(xla, "_why_not", ["XLA ops are off for this test"])
+    pair = _run_pair(OPTIMIZERS["sgd_momentum"], build=_own_collective, epochs=1)
     step = xla_split.step_of(pair["xla"]["model"])
     assert step is not None and step.split is False
     assert any("runs a collective itself" in m for m in pair["xla"]["warnings"]), \

@@ -33,6 +33,7 @@ class BuildInfo:
     gpu_code: str = ""
     gpu_versions: str = ""
     gpu_devices: int = 0
+    xla_ops: bool = False
     library: Optional[str] = None
     error: Optional[str] = None
 
@@ -60,6 +61,7 @@ def gather() -> BuildInfo:
         info.cuda_built = basics.cuda_built()
         info.gpu_code = basics.gpu_code_info()
         info.gpu_versions = basics.gpu_versions_info()
+        info.xla_ops = hasattr(library.capi(), "tfhvd_xla_ops_built")
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         info.error = "%s: %s" % (type(e).__name__, e)
         return info
@@ -109,6 +111,10 @@ def render(info: BuildInfo) -> str:
         ["        %s" % info.gpu_versions] if info.gpu_versions else []) + [
         "    %s CUDA driver present on this machine (%d GPU device%s)" % (
             _mark(info.cuda_driver), info.gpu_devices, "" if info.gpu_devices == 1 else "s"),
+        "",
+        "XLA:",
+        "    %s XLA ops (an allreduce inside tf.function(jit_compile=True), CPU)"
+        % _mark(info.xla_ops),
     ]
     if info.library:
         lines += ["", "Library: %s" % info.library]

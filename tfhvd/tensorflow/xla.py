@@ -1,20 +1,25 @@
-"""tfhvd's collectives inside XLA-compiled functions: a clear error at trace time.
+"""tfhvd's collectives inside XLA-compiled functions.
 
-tfhvd's collectives are asynchronous TensorFlow kernels; XLA has no lowering
-for them (tfhvd builds no XLA custom call).  Left alone, a
-``tf.function(jit_compile=True)`` holding one fails when it first runs, with
-TensorFlow's "Detected unsupported operations when trying to compile graph"
-message, which names neither the function nor a way out.  Every collective
-therefore checks, when it is added to a graph, whether that graph is being
-traced for XLA, and raises :class:`XlaCollectiveError` naming the function.
+An allreduce or grouped allreduce inside a ``tf.function(jit_compile=True)``
+on the CPU runs as an XLA custom call into tfhvd's runtime (the library's XLA
+ops, ``tfhvd_ops/tensorflow/xla_ops.cc``; Horovod's ``HOROVOD_ENABLE_XLA_OPS``,
+here on by default).  Every other case would fail when the function first
+runs, with TensorFlow's "Detected unsupported operations when trying to
+compile graph" message, which names neither the function nor a way out: the
+other collectives (XLA has no lowering for them), a GPU machine (the custom
+call has a host implementation only), a library built without XLA ops, or
+``TFHVD_ENABLE_XLA_OPS=0``.  So every collective checks, when it is added to
+a graph, whether that graph is being traced for XLA, and in those cases raises
+:class:`XlaCollectiveError` naming the function and the reason.
 
-Keras ``fit`` does not meet this error: with a ``DistributedOptimizer`` and
-``jit_compile`` on, tfhvd splits the train step into compiled functions with
-the gradient reduction between them (``tfhvd._keras.xla_split``).
+Keras ``fit`` with a ``DistributedOptimizer`` and ``jit_compile`` on splits
+the train step into compiled functions with the gradient reduction between
+them (``tfhvd._keras.xla_split``), on every device.
 """
 
-from typing import Optional
+from typing import List, Optional
 
+import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
@@ -59,14 +64,50 @@ def _function_label(graph: tf_ops.Graph) -> str:
     return str(getattr(graph, "name", None) or "?")
 
 
+# The collectives the library's XLA ops lower (HorovodAllreduce,
+# HorovodGroupedAllreduce).
+XLA_KINDS = ("allreduce", "grouped_allreduce")
+_why_not: List[Optional[str]] = []  # decided once per process
+
+
+@tf.autograph.experimental.do_not_convert
+def xla_ops_refusal() -> Optional[str]:
+    """Why an allreduce cannot run inside an XLA-compiled function in this
+    process, or None when it can (the library has XLA ops, the setting allows
+    them and no GPU is visible).  Decided once."""
+    if not _why_not:
+        from tfhvd.common import basics, library
+        if not hasattr(library.capi(), "tfhvd_xla_ops_built"):
+            why = (
+                "this tfhvd library was built without XLA ops (they need TensorFlow 2.21 "
+                "or newer, and Debian's libhighwayhash-dev and libfarmhash-dev for its XLA "
+                "headers: install those and rebuild; tfhvdrun --check-build says which)")
+        elif basics.settings().get("enable_xla_ops") != "1":
+            why = "TFHVD_ENABLE_XLA_OPS (or HOROVOD_ENABLE_XLA_OPS) is 0"
+        elif tf.config.list_physical_devices("GPU"):
+            why = "tfhvd's XLA ops run on the CPU only, and this machine has a GPU"
+        else:
+            why = ""
+        _why_not.append(why or None)
+    return _why_not[0]
+
+
+@tf.autograph.experimental.do_not_convert
 def check_not_compiled(kind: str, name: Optional[str] = None) -> None:
     """Raises :class:`XlaCollectiveError` when a ``kind`` collective (e.g. ``allreduce``)
-    is being added to a function that XLA compiles.  Costs a few attribute reads
-    per graph level, once per op at trace time."""
+    is being added to a function that XLA compiles and cannot run there
+    (:func:`xla_ops_refusal`).  Costs a few attribute reads per graph level, once
+    per op at trace time."""
     function = compiled_function_name()
     if function is None:
         return
+    if kind in XLA_KINDS:
+        why = xla_ops_refusal()
+        if why is None:
+            return  # an XLA custom call (xla_ops.cc)
+    else:
+        why = "only allreduce and grouped_allreduce have XLA ops"
     what = "tfhvd %s%s" % (kind, " '%s'" % name if name else "")
     raise XlaCollectiveError(
         "%s is inside the tf.function '%s', which is compiled with XLA (jit_compile=True); "
-        "XLA cannot compile tfhvd's collectives.  %s" % (what, function, WORKAROUND))
+        "XLA cannot compile it here: %s.  %s" % (what, function, why, WORKAROUND))

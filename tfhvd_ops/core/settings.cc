@@ -212,6 +212,7 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "CONTROL_SHM", &s->control_shm));
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "MPI_YIELD_WHEN_IDLE", &s->mpi_yield_when_idle));
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "GRAPH_INLINE", &s->graph_inline));
+  TFHVD_RETURN_IF_ERROR(ParseBool(env, "ENABLE_XLA_OPS", &s->enable_xla_ops));
   Lookup(env, "TIMELINE", &s->timeline_path, &var);
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
@@ -249,6 +250,7 @@ std::string Settings::ToString() const {
     << "control_shm=" << (control_shm ? 1 : 0) << "\n"
     << "mpi_yield_when_idle=" << (mpi_yield_when_idle ? 1 : 0) << "\n"
     << "graph_inline=" << (graph_inline ? 1 : 0) << "\n"
+    << "enable_xla_ops=" << (enable_xla_ops ? 1 : 0) << "\n"
     << "socket_ifname=" << socket_ifname << "\n"
     << "timeline_path=" << timeline_path << "\n"
     << "timeline_mark_cycles=" << (timeline_mark_cycles ? 1 : 0) << "\n"

@@ -81,6 +81,9 @@ struct Settings {
   bool control_shm = true;             // CONTROL_SHM: same-host control bytes via shared memory
   bool mpi_yield_when_idle = true;     // MPI_YIELD_WHEN_IDLE: Open MPI yields while it waits
   bool graph_inline = true;            // GRAPH_INLINE: graph ops may run the loop themselves
+  // ENABLE_XLA_OPS (Horovod's HOROVOD_ENABLE_XLA_OPS): an allreduce may sit
+  // inside tf.function(jit_compile=True) as an XLA custom call (Python asks).
+  bool enable_xla_ops = true;
   std::string timeline_path;           // TIMELINE
   bool timeline_mark_cycles = false;   // TIMELINE_MARK_CYCLES
   bool hierarchical_allreduce = false; // HIERARCHICAL_ALLREDUCE: GPU allreduce

@@ -1,0 +1,238 @@
+// tfhvd's allreduces inside XLA-compiled functions (tf.function(jit_compile=
+// True)) on the CPU, as Horovod's XLA ops did on the GPU: the op's XLA kernel
+// lowers HorovodAllreduce and HorovodGroupedAllreduce to one XLA custom call
+// ("tfhvd_allreduce", XLA's typed FFI), and the call hands the compiled
+// program's buffers to the runtime as ordinary entries (negotiated, fused and
+// reduced like any other) and returns once they are reduced.  A failure is
+// the custom call's error, so the function raises it with tfhvd's message.
+//
+// Names: the same as the TensorFlow kernel's (the tensor_name attr, or the
+// node's name, without its scope under ignore_name_scope; a grouped op's
+// tensors get "_<i>of<n>"), so every rank's compiled program agrees.
+//
+// The kernels are registered for XLA's CPU device only: the custom call has
+// a host implementation alone, and XLA:GPU would fail on it.  Python lets a
+// collective into a compiled function only where this library has them
+// (tfhvd_xla_ops_built), the setting allows it (TFHVD_ENABLE_XLA_OPS) and no
+// GPU is visible (tfhvd/tensorflow/xla.py); otherwise it raises its own error.
+//
+// Built when TensorFlow's XLA headers compile here (CMakeLists.txt: they need
+// highwayhash and farmhash, which TensorFlow's wheel leaves out); it links
+// libtensorflow_cc, which every TensorFlow process has loaded.
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla/hlo/builder/xla_builder.h"
+
+namespace tensorflow {
+namespace tfhvd_kernels {
+namespace {
+
+namespace ffi = ::xla::ffi;
+
+constexpr const char* kTarget = "tfhvd_allreduce";
+
+// A compiled program's buffer as a runtime tensor (borrowed: the program
+// owns it until the custom call returns).
+class XlaBuffer : public core::Tensor {
+ public:
+  XlaBuffer(void* data, core::DataType dtype, core::Shape shape)
+      : data_(data), dtype_(dtype), shape_(std::move(shape)) {}
+  core::DataType dtype() const override { return dtype_; }
+  const core::Shape& shape() const override { return shape_; }
+  const void* data() const override { return data_; }
+  void* mutable_data() override { return data_; }
+  int64_t size_bytes() const override {
+    return core::NumElements(shape_) * core::DataTypeSize(dtype_);
+  }
+
+ private:
+  void* data_;
+  core::DataType dtype_;
+  core::Shape shape_;
+};
+
+core::Shape Dims(const ffi::AnyBuffer& b) {
+  core::Shape s;
+  for (int64_t d : b.dimensions()) s.push_back(d);
+  return s;
+}
+
+// The custom call: every operand allreduced into its result, as one group.
+ffi::Error Allreduce(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
+                     int32_t dtype, int32_t reduce_op, double prescale, double postscale,
+                     int32_t process_set_id) {
+  const size_t n = args.size();
+  if (n == 0 || rets.size() != n) {
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      "tfhvd: internal error: an XLA allreduce with mismatched buffers");
+  }
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left;
+    core::Status first;
+    std::atomic<bool> done{false};
+  };
+  auto wait = std::make_shared<Wait>();
+  wait->left = n;
+  std::vector<core::TensorTableEntry> entries;
+  for (size_t i = 0; i < n; ++i) {
+    ffi::ErrorOr<ffi::AnyBuffer> in = args.get<ffi::AnyBuffer>(i);
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> out = rets.get<ffi::AnyBuffer>(i);
+    if (in.has_error()) return in.error();
+    if (out.has_error()) return out.error();
+    core::TensorTableEntry e;
+    e.name = n == 1 ? std::string(name)
+                    : std::string(name) + "_" + std::to_string(i + 1) + "of" + std::to_string(n);
+    e.params.type = core::CollectiveType::kAllreduce;
+    e.params.dtype = static_cast<core::DataType>(dtype);
+    e.params.shape = Dims(*in);
+    e.params.reduce_op = static_cast<core::ReduceOp>(reduce_op);
+    e.params.prescale = prescale;
+    e.params.postscale = postscale;
+    e.params.process_set_id = process_set_id;
+    e.input = std::make_shared<XlaBuffer>(in->untyped_data(), e.params.dtype, e.params.shape);
+    e.output =
+        std::make_shared<XlaBuffer>((*out)->untyped_data(), e.params.dtype, e.params.shape);
+    e.callback = [wait](const core::Status& st) {
+      std::lock_guard<std::mutex> l(wait->mu);
+      if (!st.ok() && wait->first.ok()) wait->first = st;
+      if (--wait->left == 0) {
+        wait->done.store(true);  // sequentially consistent: Runtime::Drive
+        wait->cv.notify_all();
+      }
+    };
+    e.group_size = static_cast<int32_t>(n);
+    entries.push_back(std::move(e));
+  }
+  // As the eager kernel does: this thread runs the runtime until its
+  // entries are done, where it may (Runtime::Drive), else waits.
+  core::Status enqueued;
+  core::DriveUntil([&] { enqueued = core::EnqueueEntries(std::move(entries)); }, wait->done);
+  core::Status st = enqueued;
+  if (st.ok()) {
+    std::unique_lock<std::mutex> l(wait->mu);
+    wait->cv.wait(l, [&] { return wait->left == 0; });
+    st = wait->first;
+  }
+  if (st.ok()) return ffi::Error::Success();
+  const absl::Status tf = ToTF(st);
+  return ffi::Error(static_cast<ffi::ErrorCode>(tf.code()), std::string(tf.message()));
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllreduceHandler, Allreduce,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<std::string_view>("name")
+                                  .Attr<int32_t>("dtype")
+                                  .Attr<int32_t>("reduce_op")
+                                  .Attr<double>("prescale")
+                                  .Attr<double>("postscale")
+                                  .Attr<int32_t>("process_set_id"));
+
+// An MLIR string literal (the custom call's attributes are an MLIR
+// dictionary).
+std::string Quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string Float(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // MLIR wants a float literal
+  return s;
+}
+
+// HorovodAllreduce and HorovodGroupedAllreduce under XLA.
+class XlaAllreduce : public XlaOpKernel {
+ public:
+  explicit XlaAllreduce(OpKernelConstruction* c) : XlaOpKernel(c) {
+    bool ignore_name_scope = false;
+    std::string tensor_name;
+    float pre = 1, post = 1;
+    OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope));
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name));
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &post));
+    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
+    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 5,
+                errors::InvalidArgument("unknown reduce_op ", reduce_op_));
+    prescale_ = pre;
+    postscale_ = post;
+    name_ = tensor_name.empty() ? name() : tensor_name;
+    if (ignore_name_scope) {
+      const size_t pos = name_.find_last_of('/');
+      if (pos != std::string::npos) name_ = name_.substr(pos + 1);
+    }
+  }
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    const int n = ctx->num_inputs();
+    core::DataType dtype = core::DataType::kFloat32;
+    OP_REQUIRES_OK(ctx, ToCore(ctx->input_type(0), &dtype));
+    std::vector<xla::XlaOp> operands;
+    std::vector<xla::Shape> shapes;
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<xla::Shape> shape = ctx->InputXlaShape(i);
+      OP_REQUIRES_OK(ctx, shape.status());
+      OP_REQUIRES(ctx, shape->is_static(),
+                  errors::InvalidArgument("tfhvd allreduce '", name_,
+                                          "' under XLA needs a static shape; got ",
+                                          shape->ToString()));
+      operands.push_back(ctx->Input(i));
+      shapes.push_back(*shape);
+    }
+    const std::string attrs =
+        "{name = " + Quoted(name_) + ", dtype = " + std::to_string(static_cast<int>(dtype)) +
+        " : i32, reduce_op = " + std::to_string(reduce_op_) + " : i32, prescale = " +
+        Float(prescale_) + " : f64, postscale = " + Float(postscale_) +
+        " : f64, process_set_id = " + std::to_string(process_set_id_) + " : i32}";
+    const xla::Shape result = n == 1 ? shapes[0] : xla::ShapeUtil::MakeTupleShape(shapes);
+    xla::XlaOp call = xla::CustomCall(ctx->builder(), kTarget, operands, result, attrs,
+                                      /*has_side_effect=*/true, /*output_operand_aliasing=*/{},
+                                      /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
+                                      xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+    if (n == 1) {
+      ctx->SetOutput(0, call);
+      return;
+    }
+    for (int i = 0; i < n; ++i) ctx->SetOutput(i, xla::GetTupleElement(call, i));
+  }
+
+ private:
+  std::string name_;
+  int reduce_op_ = 0;
+  double prescale_ = 1, postscale_ = 1;
+  int process_set_id_ = 0;
+};
+
+REGISTER_XLA_OP(Name("HorovodAllreduce").Device(DEVICE_CPU_XLA_JIT), XlaAllreduce);
+REGISTER_XLA_OP(Name("HorovodGroupedAllreduce").Device(DEVICE_CPU_XLA_JIT), XlaAllreduce);
+
+}  // namespace
+}  // namespace tfhvd_kernels
+}  // namespace tensorflow
+
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), tensorflow::tfhvd_kernels::kTarget, "Host",
+                         tensorflow::tfhvd_kernels::kAllreduceHandler);
+
+// Present only in a library built with the XLA ops (Python checks for it).
+extern "C" int tfhvd_xla_ops_built(void) { return 1; }
