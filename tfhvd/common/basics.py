@@ -197,6 +197,13 @@ def gloo_enabled() -> bool:
     return gloo_built() if gloo < 0 else gloo == 1
 
 
+def xla_ops_built() -> bool:
+    """Whether the library has XLA ops: an allreduce inside
+    ``tf.function(jit_compile=True)`` as an XLA custom call (the symbol exists
+    only in such a build)."""
+    return hasattr(library.capi(), "tfhvd_xla_ops_built")
+
+
 def rocm_built() -> bool:
     """Horovod compatibility: tfhvd has no ROCm build."""
     return False

@@ -61,7 +61,7 @@ def gather() -> BuildInfo:
         info.cuda_built = basics.cuda_built()
         info.gpu_code = basics.gpu_code_info()
         info.gpu_versions = basics.gpu_versions_info()
-        info.xla_ops = hasattr(library.capi(), "tfhvd_xla_ops_built")
+        info.xla_ops = basics.xla_ops_built()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         info.error = "%s: %s" % (type(e).__name__, e)
         return info

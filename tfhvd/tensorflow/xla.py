@@ -76,8 +76,8 @@ def xla_ops_refusal() -> Optional[str]:
     process, or None when it can (the library has XLA ops, the setting allows
     them and no GPU is visible).  Decided once."""
     if not _why_not:
-        from tfhvd.common import basics, library
-        if not hasattr(library.capi(), "tfhvd_xla_ops_built"):
+        from tfhvd.common import basics
+        if not basics.xla_ops_built():
             why = (
                 "this tfhvd library was built without XLA ops (they need TensorFlow 2.21 "
                 "or newer, and Debian's libhighwayhash-dev and libfarmhash-dev for its XLA "
@@ -87,8 +87,8 @@ def xla_ops_refusal() -> Optional[str]:
         elif tf.config.list_physical_devices("GPU"):
             why = "tfhvd's XLA ops run on the CPU only, and this machine has a GPU"
         else:
-            why = ""
-        _why_not.append(why or None)
+            why = None
+        _why_not.append(why)
     return _why_not[0]
 
 
