@@ -81,14 +81,17 @@ def test_a_burst_of_graph_ops_is_not_run_one_by_one():
     x = tf.ones([64])
     want = [[float(i * size)] * 64 for i in range(8)]
     burst(x)  # traced
-    calls = 20
-    runs = 0
+    calls = 30
+    runs = []
     for _ in range(calls):
         for _ in range(2):
             for f in lones:
                 f(x)
         before = basics.graph_inline_runs()
         assert [o.numpy().tolist() for o in burst(x)] == want
-        runs += basics.graph_inline_runs() - before
-    # At most the burst's first op, which cannot know that seven follow it.
-    assert runs <= calls, runs
+        runs.append(basics.graph_inline_runs() - before)
+    # A typical call runs the loop inline once: for the burst's first op,
+    # which cannot know that seven follow it.  A busy machine may delay an op
+    # past the burst gap now and then (a call with two), so the median is
+    # what is checked: without burst detection it is two or more.
+    assert sorted(runs)[calls // 2] <= 1, runs
