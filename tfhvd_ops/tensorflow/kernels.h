@@ -194,41 +194,57 @@ struct Completion {
   absl::Status status;
 };
 
+// The collective's name from a tfhvd op's attributes: tensor_name, or the
+// node's name (without its scope under ignore_name_scope), and its
+// parameters (process set, reduce_op, scale factors, root rank); attributes an
+// op lacks keep their defaults.  Shared by the TensorFlow kernels and the XLA
+// kernels (xla_ops.cc), so that both name a tensor alike on every rank.
+inline absl::Status ReadOpAttrs(OpKernelConstruction* c, std::string* name,
+                                core::CollectiveParams* params) {
+  bool ignore_name_scope = false;
+  if (c->HasAttr("ignore_name_scope")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("ignore_name_scope", &ignore_name_scope));
+  }
+  std::string tensor_name;
+  if (c->HasAttr("tensor_name")) TF_RETURN_IF_ERROR(c->GetAttr("tensor_name", &tensor_name));
+  *name = tensor_name.empty() ? c->def().name() : tensor_name;
+  if (ignore_name_scope) {
+    const size_t pos = name->find_last_of('/');
+    if (pos != std::string::npos) *name = name->substr(pos + 1);
+  }
+  if (c->HasAttr("process_set_id")) {
+    // Checked when the op runs (Runtime::Enqueue): sets change at run time.
+    TF_RETURN_IF_ERROR(c->GetAttr("process_set_id", &params->process_set_id));
+  }
+  if (c->HasAttr("reduce_op")) {
+    int op = 0;
+    TF_RETURN_IF_ERROR(c->GetAttr("reduce_op", &op));
+    if (op < 0 || op > 5) return errors::InvalidArgument("unknown reduce_op ", op);
+    params->reduce_op = static_cast<core::ReduceOp>(op);
+  }
+  float f;
+  if (c->HasAttr("prescale_factor")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("prescale_factor", &f));
+    params->prescale = f;
+  }
+  if (c->HasAttr("postscale_factor")) {
+    TF_RETURN_IF_ERROR(c->GetAttr("postscale_factor", &f));
+    params->postscale = f;
+  }
+  if (c->HasAttr("root_rank")) TF_RETURN_IF_ERROR(c->GetAttr("root_rank", &params->root_rank));
+  return absl::OkStatus();
+}
+
+// Entry i of an op's n tensors: the op's name alone, or "<name>_<i+1>of<n>".
+inline std::string EntryName(const std::string& base, int i, int n) {
+  return n == 1 ? base : base + "_" + std::to_string(i + 1) + "of" + std::to_string(n);
+}
+
 class HorovodOp : public AsyncOpKernel {
  public:
   explicit HorovodOp(OpKernelConstruction* c, core::CollectiveType type)
       : AsyncOpKernel(c), type_(type) {
-    bool ignore_name_scope = false;
-    if (c->HasAttr("ignore_name_scope")) {
-      OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope));
-    }
-    std::string tensor_name;
-    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name));
-    base_name_ = tensor_name.empty() ? name() : tensor_name;
-    if (ignore_name_scope) {
-      auto pos = base_name_.find_last_of('/');
-      if (pos != std::string::npos) base_name_ = base_name_.substr(pos + 1);
-    }
-    if (c->HasAttr("process_set_id")) {
-      // Checked when the op runs (Runtime::Enqueue): sets change at run time.
-      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &params_.process_set_id));
-    }
-    if (c->HasAttr("reduce_op")) {
-      int op = 0;
-      OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
-      OP_REQUIRES(c, op >= 0 && op <= 5, errors::InvalidArgument("unknown reduce_op ", op));
-      params_.reduce_op = static_cast<core::ReduceOp>(op);
-    }
-    float f;
-    if (c->HasAttr("prescale_factor")) {
-      OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &f));
-      params_.prescale = f;
-    }
-    if (c->HasAttr("postscale_factor")) {
-      OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &f));
-      params_.postscale = f;
-    }
-    if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &params_.root_rank));
+    OP_REQUIRES_OK(c, ReadOpAttrs(c, &base_name_, &params_));
     params_.type = type;
   }
 
@@ -258,8 +274,7 @@ class HorovodOp : public AsyncOpKernel {
     std::vector<core::TensorTableEntry> entries;
     for (int i = 0; i < n; ++i) {
       core::TensorTableEntry e;
-      e.name = n == 1 ? BaseName() : BaseName() + "_" + std::to_string(i + 1) + "of" +
-                                         std::to_string(n);
+      e.name = EntryName(BaseName(), i, n);
       e.params = params_;
       e.context = std::make_shared<TFOpContext>(ctx, i);
       absl::Status s = Prepare(ctx, i, &e);

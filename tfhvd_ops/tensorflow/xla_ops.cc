@@ -6,9 +6,9 @@
 // reduced like any other) and returns once they are reduced.  A failure is
 // the custom call's error, so the function raises it with tfhvd's message.
 //
-// Names: the same as the TensorFlow kernel's (the tensor_name attr, or the
-// node's name, without its scope under ignore_name_scope; a grouped op's
-// tensors get "_<i>of<n>"), so every rank's compiled program agrees.
+// Names and parameters: read from the op's attributes as the TensorFlow
+// kernel reads them (kernels.h ReadOpAttrs, EntryName), so every rank's
+// compiled program agrees with the other ranks' kernels.
 //
 // The kernels are registered for XLA's CPU device only: the custom call has
 // a host implementation alone, and XLA:GPU would fail on it.  Python lets a
@@ -92,8 +92,7 @@ ffi::Error Allreduce(ffi::RemainingArgs args, ffi::RemainingRets rets, std::stri
     if (in.has_error()) return in.error();
     if (out.has_error()) return out.error();
     core::TensorTableEntry e;
-    e.name = n == 1 ? std::string(name)
-                    : std::string(name) + "_" + std::to_string(i + 1) + "of" + std::to_string(n);
+    e.name = EntryName(std::string(name), static_cast<int>(i), static_cast<int>(n));
     e.params.type = core::CollectiveType::kAllreduce;
     e.params.dtype = static_cast<core::DataType>(dtype);
     e.params.shape = Dims(*in);
@@ -164,24 +163,7 @@ std::string Float(double v) {
 class XlaAllreduce : public XlaOpKernel {
  public:
   explicit XlaAllreduce(OpKernelConstruction* c) : XlaOpKernel(c) {
-    bool ignore_name_scope = false;
-    std::string tensor_name;
-    float pre = 1, post = 1;
-    OP_REQUIRES_OK(c, c->GetAttr("ignore_name_scope", &ignore_name_scope));
-    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name));
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
-    OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &pre));
-    OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &post));
-    OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
-    OP_REQUIRES(c, reduce_op_ >= 0 && reduce_op_ <= 5,
-                errors::InvalidArgument("unknown reduce_op ", reduce_op_));
-    prescale_ = pre;
-    postscale_ = post;
-    name_ = tensor_name.empty() ? name() : tensor_name;
-    if (ignore_name_scope) {
-      const size_t pos = name_.find_last_of('/');
-      if (pos != std::string::npos) name_ = name_.substr(pos + 1);
-    }
+    OP_REQUIRES_OK(c, ReadOpAttrs(c, &name_, &params_));
   }
 
   void Compile(XlaOpKernelContext* ctx) override {
@@ -202,9 +184,10 @@ class XlaAllreduce : public XlaOpKernel {
     }
     const std::string attrs =
         "{name = " + Quoted(name_) + ", dtype = " + std::to_string(static_cast<int>(dtype)) +
-        " : i32, reduce_op = " + std::to_string(reduce_op_) + " : i32, prescale = " +
-        Float(prescale_) + " : f64, postscale = " + Float(postscale_) +
-        " : f64, process_set_id = " + std::to_string(process_set_id_) + " : i32}";
+        " : i32, reduce_op = " + std::to_string(static_cast<int>(params_.reduce_op)) +
+        " : i32, prescale = " + Float(params_.prescale) + " : f64, postscale = " +
+        Float(params_.postscale) + " : f64, process_set_id = " +
+        std::to_string(params_.process_set_id) + " : i32}";
     const xla::Shape result = n == 1 ? shapes[0] : xla::ShapeUtil::MakeTupleShape(shapes);
     xla::XlaOp call = xla::CustomCall(ctx->builder(), kTarget, operands, result, attrs,
                                       /*has_side_effect=*/true, /*output_operand_aliasing=*/{},
@@ -218,10 +201,8 @@ class XlaAllreduce : public XlaOpKernel {
   }
 
  private:
-  std::string name_;
-  int reduce_op_ = 0;
-  double prescale_ = 1, postscale_ = 1;
-  int process_set_id_ = 0;
+  std::string name_;               // as the TensorFlow kernel names it (ReadOpAttrs)
+  core::CollectiveParams params_;  // reduce_op, scale factors, process set
 };
 
 REGISTER_XLA_OP(Name("HorovodAllreduce").Device(DEVICE_CPU_XLA_JIT), XlaAllreduce);
