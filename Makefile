@@ -329,7 +329,7 @@ MEMORY_TYPES_PROBE := $(GPU_BUILD_DIR)/memory_types_probe
 # (libtensorflow_cc loaded up front, as in a TensorFlow process: the XLA ops need it.)
 $(MEMORY_TYPES_PROBE): tests/gpu/memory_types_probe.cc $(GPU_LIB) Makefile
 	tf_dir="$$($(PY) -c 'import os, tensorflow as tf; print(os.path.dirname(tf.__file__))' 2>/dev/null)"; \
-	  $(CXX) $$(sed -n 's/^CXX_FLAGS = //p' $(GPU_BUILD_DIR)/CMakeFiles/tfhvd_ops.dir/flags.make | sed 's/-O3//') \
+	  $(CXX) $$(sed -n 's/^CXX_FLAGS = //p' $(GPU_BUILD_DIR)/CMakeFiles/tfhvd_tf.dir/flags.make | sed 's/-O3//') \
 	  -O1 -Wall -Wno-interference-size -o $@ $< -L"$$tf_dir" -l:libtensorflow_framework.so.2 \
 	  -Wl,--no-as-needed -l:libtensorflow_cc.so.2 -Wl,--as-needed -Wl,-rpath,"$$tf_dir" -ldl
 

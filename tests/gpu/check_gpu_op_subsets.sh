@@ -14,7 +14,7 @@ set -euo pipefail
 
 BUILD="$1"
 OUT="${2:-$BUILD/op-subsets}"
-FLAGS="$BUILD/CMakeFiles/tfhvd_ops.dir/flags.make"
+FLAGS="$BUILD/CMakeFiles/tfhvd_tf.dir/flags.make"
 SOURCE="tfhvd_ops/tensorflow/gpu_kernels.cc"
 [ -f "$FLAGS" ] || { echo "no $FLAGS: run make gpu-build first"; exit 2; }
 value() { sed -n "s/^$1 = //p" "$FLAGS"; }
