@@ -296,14 +296,31 @@ test-elastic: setup
 
 # tfhvd.ray and tfhvd.spark on real engines started by the tests: a local Ray
 # cluster and Spark's local-cluster[2,1,1024] (collectives, Keras fit equal to
-# tfhvdrun --gloo's, a rank that raises, a worker killed, no orphans).
+# tfhvdrun --gloo's, a rank that raises, a worker killed, no orphans).  The
+# engines mostly wait on their JVMs and daemons, so the Ray files and the Spark
+# files run as two pytest processes side by side (Ray's output follows Spark's);
+# the Spark files stay in one process, in order: two Spark applications at once
+# share pyspark/work.  ENGINES_SIDE_BY_SIDE=0 runs them one after the other.
+ENGINES_SIDE_BY_SIDE ?= 1
+ENGINES_PYTEST = timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider
+RAY_TESTS = tests/integration/test_ray.py tests/integration/test_ray_multinode.py
+SPARK_TESTS = tests/integration/test_spark.py tests/integration/test_spark_env.py \
+  tests/integration/test_spark_elastic.py tests/integration/test_spark_keras.py \
+  tests/integration/test_data_service_spark.py
 test-engines: setup
 	@echo "== Ray and Spark launchers on local engines"
-	timeout --signal=KILL 1800 $(PY) -m pytest -q -rs --color=no -p no:cacheprovider \
-	  tests/integration/test_ray.py tests/integration/test_ray_multinode.py \
-	  tests/integration/test_spark.py tests/integration/test_spark_env.py \
-	  tests/integration/test_spark_elastic.py tests/integration/test_spark_keras.py \
-	  tests/integration/test_data_service_spark.py
+	@mkdir -p build
+	@if [ "$(ENGINES_SIDE_BY_SIDE)" = 1 ]; then \
+	  echo "$(ENGINES_PYTEST) $(RAY_TESTS) > build/test-engines-ray.log &"; \
+	  $(ENGINES_PYTEST) $(RAY_TESTS) > build/test-engines-ray.log 2>&1 & ray=$$!; \
+	  echo "$(ENGINES_PYTEST) $(SPARK_TESTS)"; \
+	  $(ENGINES_PYTEST) $(SPARK_TESTS); spark=$$?; \
+	  wait $$ray; ray=$$?; \
+	  echo "== Ray launcher tests (rc=$$ray)"; cat build/test-engines-ray.log; \
+	  [ $$spark = 0 ] && [ $$ray = 0 ]; \
+	else \
+	  $(ENGINES_PYTEST) $(RAY_TESTS) $(SPARK_TESTS); \
+	fi
 
 gpu-deps: $(GPU_DEPS_STAMP)
 $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP)
