@@ -80,9 +80,12 @@ def test_too_few_or_no_hosts_left_is_horovods_error_promptly():
     assert "timed out after 10 s" in too_few["error"] or \
         "the Spark job of the agents failed" in too_few["error"], too_few
     assert "rank 1's deliberate failure" in too_few["error"], too_few
-    assert too_few["type"] == "WorkerError" and too_few["seconds"] < 90, too_few
+    # Promptly: the retried task that Spark can run nowhere does not hold the
+    # error back (the driver cancels the job once every agent has ended; it
+    # used to wait 60 s for the job, 70 to 80 s in all here, against about 20).
+    assert too_few["type"] == "WorkerError" and too_few["seconds"] < 50, too_few
     all_lost = out["all_lost"]
     assert all_lost["error"], all_lost
     assert all_lost["error"].startswith("Horovod detected that one or more processes exited "
                                         "with non-zero status"), all_lost
-    assert all_lost["type"] == "WorkerError" and all_lost["seconds"] < 120, all_lost
+    assert all_lost["type"] == "WorkerError" and all_lost["seconds"] < 50, all_lost

@@ -74,6 +74,20 @@ def test_a_signature_covers_method_path_and_body(server):
     assert server.store.scopes() == {}
 
 
+def test_a_body_cut_short_is_refused_and_named_as_such(server):
+    # A signed sender that dies mid-body (a worker killed while it reports):
+    # refused, and the log says the body was cut short, not that it was forged.
+    body = b"x" * 100
+    head = "PUT /s/k HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n" + "".join(
+        "%s: %s\r\n" % kv for kv in sec.sign_request(SECRET, "PUT", "/s/k", body).items())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(head.encode() + b"\r\n" + body[:40])
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(100).startswith(b"HTTP/1.0 400")
+    assert "a body of 40 of its 100 bytes" in server.log.getvalue(), server.log.getvalue()
+    assert server.store.scopes() == {}
+
+
 def test_a_replayed_or_stale_request_is_refused(server):
     headers = sec.sign_request(SECRET, "PUT", "/s/k", b"v")
     assert _send(server.port, "PUT", "/s/k", b"v", headers)[0] == 200

@@ -202,8 +202,10 @@ class GuardedHandler(BaseHTTPRequestHandler):
         except (OSError, TimeoutError):
             body = None
         if body is None or len(body) != length or not body_matches(self.headers, body):
-            self.server.refusals.refuse(self.client_address[0], "a body that does not match "
-                                        "its signature")
+            why = "a body that does not match its signature"
+            if body is None or len(body) != length:  # a sender that died or stalled mid-request
+                why = "a body of %d of its %d bytes" % (len(body or b""), length)
+            self.server.refusals.refuse(self.client_address[0], why)
             self.close_connection = True
             self.reply(400)
             return None

@@ -22,7 +22,11 @@ with Spark tasks in place of hosts' slots:
   ``hvd.elastic.run`` talks to the driver as under tfhvdrun) and reports the
   result, the traceback, or that the worker left the job.  ``terminate``
   makes the agent's process exit, which Spark sees as a failed task.
-* At the end every agent is told to stop, and the Spark job finishes.
+* At the end every agent is told to stop, and the Spark job finishes.  An
+  agent whose task ends says so (the ``ended`` scope); once every agent has
+  ended or is lost, the tasks left are ones that never started (Spark's
+  exclusion settings may leave a retried task nowhere to run), and the driver
+  cancels the Spark job at once instead of waiting for it.
 
 Recovery needs Spark to retry failed tasks: ``spark.task.maxFailures`` > 1
 (the default on a cluster and in ``local-cluster``; ``local[N, F]`` in local
@@ -51,6 +55,7 @@ from tfhvd.spark.output import DriverOutput, RankOutput
 
 LOST_AFTER_S = 8.0     # an agent silent this long is lost
 _WATCH_S = 0.25        # how often the driver reads registrations, beats and reports
+_ENDED_GRACE_S = 3.0   # every agent ended: how long the Spark job may take to finish
 # How a failed job's error starts: Horovod's words, which its programs match.
 FAILED_MESSAGE = "Horovod detected that one or more processes exited with non-zero status"
 
@@ -66,7 +71,8 @@ def task_host(node: str, partition: int, attempt: int) -> str:
 
 
 def _scopes(job: str) -> Dict[str, str]:
-    return {k: "%s-%s" % (job, k) for k in ("agents", "beats", "cmd", "reports", "kill")}
+    return {k: "%s-%s" % (job, k) for k in ("agents", "beats", "cmd", "reports", "kill",
+                                             "ended")}
 
 
 def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
@@ -115,6 +121,7 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
             while not stopped.is_set():
                 try:
                     if kv_get(addr, port, sc["kill"], me, wait_ms=1000) is not None:
+                        kv_put(addr, port, sc["ended"], me, b"1")
                         os._exit(1)  # the driver stops this worker: the task fails
                     kv_put(addr, port, sc["beats"], me, str(n).encode())
                 except OSError:
@@ -152,6 +159,10 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
                                        "failing the task so that Spark may retry it" % rank)
         finally:
             stopped.set()
+            try:  # the driver need not wait for this task any more
+                kv_put(addr, port, sc["ended"], me, b"1")
+            except OSError:
+                pass
         yield me
 
     return run_partition
@@ -326,11 +337,17 @@ class _SparkElasticJob:
 
     def _stop_agents(self, spark: threading.Thread) -> None:
         """Tells every agent to stop (kills those still running a worker) and
-        waits up to 60 s for the Spark job to end."""
+        waits up to 60 s for the Spark job to end; once every agent has ended
+        or is lost, only :data:`_ENDED_GRACE_S` more (the tasks left never
+        started, and run() cancels the job)."""
         deadline = time.monotonic() + 60
         while spark.is_alive() and time.monotonic() < deadline:
             self._read_store(time.monotonic())  # tasks that registered late stop too
+            ended = self.rendezvous.store.items(self.scopes["ended"])
             with self.lock:
+                if all(a.lost or name in ended for name, a in self.agents.items()):
+                    # A job whose tasks all ran ends by itself within moments.
+                    deadline = min(deadline, time.monotonic() + _ENDED_GRACE_S)
                 for name, a in self.agents.items():
                     if a.lost or a.stopped:
                         continue
