@@ -201,10 +201,11 @@ class GuardedHandler(BaseHTTPRequestHandler):
             body = self.rfile.read(length) if length else b""
         except (OSError, TimeoutError):
             body = None
-        if body is None or len(body) != length or not body_matches(self.headers, body):
+        if body is None or len(body) != length:  # a sender that died or stalled mid-request
+            why = "a body of %d of its %d bytes" % (len(body or b""), length)
+        elif not body_matches(self.headers, body):
             why = "a body that does not match its signature"
-            if body is None or len(body) != length:  # a sender that died or stalled mid-request
-                why = "a body of %d of its %d bytes" % (len(body or b""), length)
+        if why is not None:
             self.server.refusals.refuse(self.client_address[0], why)
             self.close_connection = True
             self.reply(400)

@@ -116,12 +116,18 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
                                ctx.attemptNumber()), "pid": os.getpid()}).encode())
         stopped = threading.Event()
 
+        def say_ended() -> None:  # the driver need not wait for this task any more
+            try:
+                kv_put(addr, port, sc["ended"], me, b"1")
+            except OSError:
+                pass
+
         def beat() -> None:
             n = 0
             while not stopped.is_set():
                 try:
                     if kv_get(addr, port, sc["kill"], me, wait_ms=1000) is not None:
-                        kv_put(addr, port, sc["ended"], me, b"1")
+                        say_ended()
                         os._exit(1)  # the driver stops this worker: the task fails
                     kv_put(addr, port, sc["beats"], me, str(n).encode())
                 except OSError:
@@ -159,10 +165,7 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
                                        "failing the task so that Spark may retry it" % rank)
         finally:
             stopped.set()
-            try:  # the driver need not wait for this task any more
-                kv_put(addr, port, sc["ended"], me, b"1")
-            except OSError:
-                pass
+            say_ended()
         yield me
 
     return run_partition
