@@ -2,9 +2,7 @@
 workers and an executor JVM each, on this machine), started here."""
 
 import io
-import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 
 import engine_jobs as jobs
+from spark_cluster import local_cluster_session
 import tfhvd.spark
 from tfhvd.spark import WorkerError
 from tfhvd.spark.runner import check_executable
@@ -24,29 +23,7 @@ jobs.by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module", autouse=True)
 def spark():
-    import pyspark
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    work = os.path.join(os.path.dirname(pyspark.__file__), "work")
-    before = set(os.listdir(work)) if os.path.isdir(work) else set()
-    session = SparkSession.builder.master("local-cluster[2,1,1024]") \
-        .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m") \
-        .config("spark.python.worker.reuse", "false").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    conf = session.sparkContext.getConf()
-    # The executors' command lines name the driver's scheduler endpoint.
-    endpoint = "CoarseGrainedScheduler@%s:%s" % (conf.get("spark.driver.host"),
-                                                 conf.get("spark.driver.port"))
-    jobs.wait_for(lambda: len(jobs.pids_matching(endpoint)) >= 2)
-    executors = jobs.pids_matching(endpoint)
-    assert len(executors) == 2, "local-cluster[2,1,1024] started %r" % executors
-    yield session
-    session.stop()
-    assert jobs.wait_gone(executors) == [], "Spark's executors outlived spark.stop()"
-    # local-cluster keeps its workers' folders under pyspark/work: drop ours.
-    for name in set(os.listdir(work)) - before if os.path.isdir(work) else ():
-        shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+    yield from local_cluster_session()
 
 
 def test_collectives():

@@ -27,6 +27,7 @@ spark = SparkSession.builder.master("local-cluster[2,1,1024]") \
     .config("spark.excludeOnFailure.task.maxTaskAttemptsPerNode", "1") \
     .getOrCreate()
 spark.sparkContext.setLogLevel("OFF")
+app_id = spark.sparkContext.applicationId
 out = {}
 with tempfile.TemporaryDirectory() as d:
     # Rank 1 raises once, min_np=2, and Spark may not run its task again on
@@ -60,6 +61,8 @@ with tempfile.TemporaryDirectory() as d:
                            "seconds": time.monotonic() - t0}
     killer.join(timeout=5)
 spark.stop()
+from spark_cluster import remove_work_folder
+remove_work_folder(app_id)
 print("OUTCOME " + json.dumps(out), flush=True)
 """
 

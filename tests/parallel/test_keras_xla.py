@@ -3,8 +3,8 @@
 The train step is split into XLA-compiled parts with the reduction between
 them (tfhvd/_keras/xla_split.py).  Each test trains the same model from the
 same start with XLA on and off and checks the weights agree on every rank; the
-inspection tests check what is compiled and what is not.  Size-agnostic: run
-under ``mpirun -np 2`` and ``-np 3``.
+inspection tests check what is compiled and what is not.  Size-agnostic: `make test` runs it
+under ``mpirun -np 2`` (not again at 3 ranks: the Makefile's NP3_LEAVE_OUT).
 """
 
 import warnings
