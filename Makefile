@@ -174,7 +174,7 @@ test-parallel: setup
 # shapes, process sets and Adasum stay at 3.
 NP3_LEAVE_OUT := $(addprefix --ignore=tests/parallel/,test_keras_state.py test_keras_xla.py \
   test_keras_gaps.py test_keras_legacy.py) \
-  --deselect tests/parallel/test_async_modes.py::test_tf_keras_runs_these_checks
+  --deselect=tests/parallel/test_async_modes.py::test_tf_keras_runs_these_checks
 
 # The parallel suite again under tfhvdrun --gloo (no mpirun).
 TFHVDRUN_GLOO := $(PY) -m tfhvd.runner --gloo
