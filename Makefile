@@ -58,14 +58,13 @@ setup: system-packages $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 # second CPU backend, tfhvdrun --gloo) and the highwayhash and farmhash headers
 # that TensorFlow's XLA headers include (the XLA ops) are optional: tfhvd
 # builds without them.  Without root the command to run is printed.
-# `make test` asks for its own packages too (openssh-server for the multi-node
-# tests, docker/install_system.sh's list), so a new machine runs apt-get once.
+# `make test` adds openssh-server (the multi-node tests) to the same run.
 SYSTEM_GROUPS := mpi openssl java gloo xla-headers
 .PHONY: $(SYSTEM_GROUPS)
 system-packages:
 	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS)
 test-system-packages:
-	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS) sshd docker
+	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS) sshd
 $(SYSTEM_GROUPS):
 	@bash scripts/install_system_packages.sh $@
 

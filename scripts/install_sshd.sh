@@ -5,12 +5,6 @@
 # a config it generates, and stops it when done.  Fails (exit 1) when sshd is
 # missing and cannot be installed.
 set -euo pipefail
-if [ -x /usr/sbin/sshd ]; then
-  exit 0
-fi
-if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-  echo "install_sshd.sh: needs root and apt-get to install openssh-server" >&2
-  exit 1
-fi
+[ -x /usr/sbin/sshd ] && exit 0
 bash "$(dirname "${BASH_SOURCE[0]}")/install_system_packages.sh" sshd
-test -x /usr/sbin/sshd
+[ -x /usr/sbin/sshd ] || { echo "install_sshd.sh: needs root and apt-get to install openssh-server" >&2; exit 1; }

@@ -14,8 +14,6 @@
 #   gloo         Gloo, the second CPU backend                    optional
 #   xla-headers  highwayhash + farmhash, for the XLA ops          optional
 #   sshd         openssh-server for the multi-node tests        optional
-#   docker       what docker/install_system.sh installs in the image
-#                (make docker-check runs that script here too)  optional
 #
 # Without root or apt-get nothing is installed: the command to run is printed,
 # and the exit status is 1 when a required group is missing (an optional one
@@ -24,7 +22,6 @@ set -euo pipefail
 
 have_file() { [ -f "$1" ]; }
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
-have_deb() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
 required_missing=()
@@ -49,11 +46,6 @@ for group in "$@"; do
         || packages=(libhighwayhash-dev libfarmhash-dev) ;;
     sshd)
       [ -x /usr/sbin/sshd ] || packages=(openssh-server openssh-client) ;;
-    docker)
-      # The list of docker/install_system.sh, less what the groups above cover.
-      for p in cmake python3-venv python3-dev g++ make; do
-        have_deb "$p" || packages+=("$p")
-      done ;;
     *)
       echo "install_system_packages.sh: unknown group '$group'" >&2
       exit 2 ;;
