@@ -51,6 +51,12 @@ GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -path tests/gpu/fake_cuda -prune
 
 setup: system-packages $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 
+# Every compile of the library (main, Gloo-only, GPU) and of the fake-GPU harness
+# goes through ccache where it is installed (make test installs it), with its
+# cache in build/ccache: the later builds reuse the objects that preprocess to
+# the same text, the TensorFlow files above all (scripts/with_build_cache.sh).
+BUILD_CACHE := scripts/with_build_cache.sh
+
 # Debian's packages, the missing ones in one apt-get run
 # (scripts/install_system_packages.sh says what each group is for):
 # OpenMPI, OpenSSL's libcrypto headers (HMAC-SHA256 that authenticates a job's
@@ -58,13 +64,14 @@ setup: system-packages $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
 # second CPU backend, tfhvdrun --gloo) and the highwayhash and farmhash headers
 # that TensorFlow's XLA headers include (the XLA ops) are optional: tfhvd
 # builds without them.  Without root the command to run is printed.
-# `make test` adds openssh-server (the multi-node tests) to the same run.
+# `make test` adds openssh-server (the multi-node tests) and ccache (see
+# BUILD_CACHE) to the same run.
 SYSTEM_GROUPS := mpi openssl java gloo xla-headers
 .PHONY: $(SYSTEM_GROUPS)
 system-packages:
 	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS)
 test-system-packages:
-	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS) sshd
+	@bash scripts/install_system_packages.sh $(SYSTEM_GROUPS) sshd ccache
 $(SYSTEM_GROUPS):
 	@bash scripts/install_system_packages.sh $@
 
@@ -77,7 +84,7 @@ $(DEPS_STAMP): requirements.txt
 
 $(LIB): $(NATIVE_SOURCES) setup.py $(DEPS_STAMP)
 	@echo "== building the tfhvd library"
-	TFHVD_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PY) setup.py -q build_ext --inplace
+	TFHVD_BUILD_DIR=$(abspath $(BUILD_DIR)) $(BUILD_CACHE) $(PY) setup.py -q build_ext --inplace
 	@touch $@
 
 $(INSTALL_STAMP): setup.py pyproject.toml $(DEPS_STAMP) $(LIB)
@@ -205,7 +212,7 @@ GLOO_ONLY := PYTHONPATH=$(abspath $(GLOO_BUILD_DIR))/lib
 gloo-only-build: setup $(GLOO_LIB)
 $(GLOO_LIB): $(NATIVE_SOURCES) setup.py $(DEPS_STAMP)
 	@echo "== building the Gloo-only variant in $(GLOO_BUILD_DIR) (TFHVD_WITHOUT_MPI=1)"
-	TFHVD_WITHOUT_MPI=1 TFHVD_BUILD_DIR=$(abspath $(GLOO_BUILD_DIR)) $(PY) setup.py -q \
+	TFHVD_WITHOUT_MPI=1 TFHVD_BUILD_DIR=$(abspath $(GLOO_BUILD_DIR)) $(BUILD_CACHE) $(PY) setup.py -q \
 	  build_py -d $(GLOO_BUILD_DIR)/lib build_ext -b $(GLOO_BUILD_DIR)/lib -t $(GLOO_BUILD_DIR)/setuptools-tmp
 	@touch $@
 
@@ -297,7 +304,7 @@ $(GPU_DEPS_STAMP): docker/versions.env docker/install_gpu_wheels.sh $(DEPS_STAMP
 gpu-build: setup $(GPU_LIB)
 $(GPU_LIB): $(GPU_SOURCES) $(NATIVE_SOURCES) setup.py $(GPU_DEPS_STAMP) docker/build_tfhvd.sh
 	@echo "== building the GPU variant in $(GPU_BUILD_DIR) (TFHVD_GPU_OPERATIONS=NCCL)"
-	$(GPU_ENV) TFHVD_INSTALL=0 TFHVD_LIB_DIR=$(abspath $(GPU_BUILD_DIR))/lib docker/build_tfhvd.sh
+	$(GPU_ENV) TFHVD_INSTALL=0 TFHVD_LIB_DIR=$(abspath $(GPU_BUILD_DIR))/lib $(BUILD_CACHE) docker/build_tfhvd.sh
 	@touch $@
 
 # On a CPU machine: the GPU library's device code is CUDA 12 with sm_80 and
@@ -368,14 +375,14 @@ test-fake-gpu: gpu-deps
 	@echo "== fake CUDA + NCCL: the NCCL harness's GPU checks and fault cases without a GPU"
 	tf_cuda="$(FAKE_GPU_CUDA_INCLUDE)"; \
 	  test -f "$$tf_cuda/include/cuda_runtime_api.h" || { echo "no CUDA headers in TensorFlow's include folder"; exit 1; }; \
-	  $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR) \
+	  $(BUILD_CACHE) $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR) \
 	  CUDA_INCLUDE="$$tf_cuda/include $$tf_cuda/libcudacxx/include" NCCL_INCLUDE=$(GPU_DEPS)/nvidia/nccl/include
 	timeout -k 10 150 tests/gpu/fake_cuda/run_fake_gpu.sh $(FAKE_GPU_DIR)/tfhvd_fake_gpu_harness
 	@echo "== fake CUDA + NCCL: built against NCCL $(NCCL_OLDEST)'s headers, the oldest supported"
 	$(PY) tests/gpu/fake_cuda/nccl_headers.py $(NCCL_OLDEST) $(NCCL_OLDEST_DIR) >/dev/null
 	grep -q '^#define NCCL_MINOR 16$$' $(NCCL_OLDEST_DIR)/include/nccl.h
 	tf_cuda="$(FAKE_GPU_CUDA_INCLUDE)"; \
-	  $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR)-nccl-$(NCCL_OLDEST) \
+	  $(BUILD_CACHE) $(MAKE) --no-print-directory -s -j2 -f tests/gpu/fake_cuda/fake.mk OUT=$(FAKE_GPU_DIR)-nccl-$(NCCL_OLDEST) \
 	  CUDA_INCLUDE="$$tf_cuda/include $$tf_cuda/libcudacxx/include" NCCL_INCLUDE=$(NCCL_OLDEST_DIR)/include
 	timeout -k 10 100 tests/gpu/fake_cuda/run_fake_gpu.sh \
 	  $(FAKE_GPU_DIR)-nccl-$(NCCL_OLDEST)/tfhvd_fake_gpu_harness --checks-only

@@ -14,6 +14,8 @@
 #   gloo         Gloo, the second CPU backend                    optional
 #   xla-headers  highwayhash + farmhash, for the XLA ops          optional
 #   sshd         openssh-server for the multi-node tests        optional
+#   ccache       compiler cache: make test's second and third
+#                builds reuse the first one's objects          optional
 #
 # Without root or apt-get nothing is installed: the command to run is printed,
 # and the exit status is 1 when a required group is missing (an optional one
@@ -46,6 +48,8 @@ for group in "$@"; do
         || packages=(libhighwayhash-dev libfarmhash-dev) ;;
     sshd)
       [ -x /usr/sbin/sshd ] || packages=(openssh-server openssh-client) ;;
+    ccache)
+      have_cmd ccache || packages=(ccache) ;;
     *)
       echo "install_system_packages.sh: unknown group '$group'" >&2
       exit 2 ;;

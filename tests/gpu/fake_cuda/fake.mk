@@ -10,6 +10,8 @@
 # compiled unchanged; only device_images.cc is the fake's.
 OUT ?= build-gpu/fake-gpu
 CXX ?= g++
+# ccache where scripts/with_build_cache.sh set it (empty otherwise); not on links.
+COMPILE := $(CMAKE_CXX_COMPILER_LAUNCHER) $(CXX)
 CUDA_INCLUDE ?=
 NCCL_INCLUDE ?=
 FAKE := tests/gpu/fake_cuda
@@ -36,15 +38,15 @@ all: $(LIB) $(HARNESS)
 
 $(O)/lib/%.o: %.cc
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $(INCLUDES) -c $< -o $@
+	$(COMPILE) $(CXXFLAGS) $(INCLUDES) -c $< -o $@
 
 $(O)/kernel/%.o: %.cc
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) -O2 -Wno-unknown-pragmas -I tests/gpu/emulated_cuda -c $< -o $@
+	$(COMPILE) $(CXXFLAGS) -O2 -Wno-unknown-pragmas -I tests/gpu/emulated_cuda -c $< -o $@
 
 $(O)/harness/%.o: %.cc
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $(INCLUDES) -c $< -o $@
+	$(COMPILE) $(CXXFLAGS) $(INCLUDES) -c $< -o $@
 
 # One library for the runtime, the driver and NCCL; its soname is the name
 # the backend dlopens for the driver, so that dlopen finds it loaded.
