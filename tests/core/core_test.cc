@@ -80,6 +80,16 @@ void TestSettings() {
   CHECK(s.log_level == LogLevel::kDebug);
   env["TFHVD_FUSION_THRESHOLD"] = "2048";  // TFHVD_ wins over HOROVOD_
   CHECK(ParseSettings(lookup, &s).ok() && s.fusion_threshold_bytes == 2048);
+  // The control channel under Horovod's prefix (the job-level test runs one of
+  // these end to end: tests/single/test_mpirun_jobs.py::test_control_transports).
+  env["HOROVOD_CONTROL"] = "mpi";
+  env["HOROVOD_CONTROL_SHM"] = "0";
+  CHECK(ParseSettings(lookup, &s).ok() && s.control == ControlKind::kMpi && !s.control_shm);
+  env["HOROVOD_CONTROL"] = "udp";
+  Status bad_control = ParseSettings(lookup, &s);
+  CHECK(!bad_control.ok() && bad_control.message().find("HOROVOD_CONTROL") != std::string::npos);
+  env.erase("HOROVOD_CONTROL");
+  env.erase("HOROVOD_CONTROL_SHM");
   env["TFHVD_CACHE_CAPACITY"] = "lots";
   Status st = ParseSettings(lookup, &s);
   CHECK(!st.ok() && st.message().find("TFHVD_CACHE_CAPACITY") != std::string::npos);

@@ -71,9 +71,10 @@ def test_coordinator_raising_ends_the_job():
     assert "RESULT" not in job.out
 
 
+# Horovod's variable names and tfhvdrun's flags (which the launcher passes on as
+# the TFHVD_ variables; test_stall_shutdown_ends_a_job_whose_rank_hangs sets
+# those itself).
 STALL_SETTINGS = {
-    "tfhvd env": ({"TFHVD_STALL_CHECK_TIME_SECONDS": "2",
-                   "TFHVD_STALL_SHUTDOWN_TIME_SECONDS": "8"}, []),
     "horovod env": ({"HOROVOD_STALL_CHECK_TIME_SECONDS": "2",
                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "8"}, []),
     "tfhvdrun flags": ({}, ["--stall-check-warning-time-seconds", "2",
