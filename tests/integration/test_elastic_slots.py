@@ -1,5 +1,5 @@
 """Elastic Keras ``fit`` through a host added and then the first host removed,
-with 1, 2 and 3 slots per host (``tfhvdrun --host-discovery-script`` over
+with 1 and 2 slots per host (``tfhvdrun --host-discovery-script`` over
 Gloo, loopback "hosts" 127.0.0.1 and 127.0.0.2).
 
 The first host's workers trace their train step while they are the whole
@@ -27,7 +27,10 @@ EPOCHS, STEPS = 3, 4
 ADD_AT, REMOVE_AT = 3, 8  # rank 0's commits
 
 
-@pytest.mark.parametrize("slots", [1, 2, 3])
+# One slot (the case that hung) and two (several ranks per host, local ranks
+# renumbered on the new host).  Three slots was six ranks on two cores: 31 s for
+# nothing the two-slot case does not check.
+@pytest.mark.parametrize("slots", [1, 2])
 def test_host_added_then_first_host_removed(slots, tmp_path):
     log_dir = tmp_path / "log"
     log_dir.mkdir()
