@@ -159,9 +159,11 @@ test-core: setup
 
 # Two pytest-xdist workers (both cores), a test file to each at a time (its
 # module fixtures stay in one process): the one-process and integration suites
-# spend much of their time waiting on subprocesses and timeouts.  XDIST= runs
-# them in one process.
-XDIST ?= -n 2 --dist loadfile
+# spend much of their time waiting on subprocesses and timeouts.  Files go out
+# in collection order, which tests/conftest.py makes longest first (xdist's own
+# reorder, most tests first, left a long file for one worker at the end).
+# XDIST= runs them in one process.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test-single: setup
 	@echo "== single-process tests"
 	$(TEST_ENV) $(TIMEOUT) $(PY) -m pytest -q -rs --color=no -p no:cacheprovider $(XDIST) tests/single
