@@ -39,7 +39,8 @@ def test_fault_under_gloo(under_gloo, test):
 
 
 def test_stall_under_gloo(under_gloo):
-    test_faults.test_ranks_that_disagree_stall_then_fail("tfhvd env")
+    # tfhvdrun's flags: the launcher passes them to the ranks as the TFHVD_ variables.
+    test_faults.test_ranks_that_disagree_stall_then_fail("tfhvdrun flags")
 
 
 def test_output_is_tagged_and_env_is_passed(under_gloo):
