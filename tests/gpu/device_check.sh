@@ -52,6 +52,12 @@ RUN_TIMEOUT="${TFHVD_DEVICE_RUN_TIMEOUT:-120}"
 mkdir -p "$BUILD/obj" "$OUTDIR"
 : >"$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
+# A TCP port free on this host now (the kernel's pick for port 0).  A random
+# port of 20000-39999 could already be taken: the kernel's ephemeral ports
+# start at 32768, and once rank 0 failed to bind one while rank 1 waited.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export TFHVD_NCCL_TIMEOUT="${TFHVD_NCCL_TIMEOUT:-60}"
 
@@ -185,7 +191,7 @@ one_rank() {
 
 # two_ranks NAME ARGS...: two processes, each its own NCCL "host", sharing GPU 0.
 two_ranks() {
-  local name="$1" port=$((20000 + RANDOM % 20000)) pids=() r rc
+  local name="$1" port="$(free_port)" pids=() r rc
   shift
   for r in 0 1; do
     TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
@@ -239,7 +245,7 @@ two_ranks rank2 --require-gpu --bench --bench-step --iters "$ITERS"
 
 say "== a lost peer: rank 1 is killed while both run allreduces; rank 0 must end in time"
 lost_peer() {
-  local port=$((20000 + RANDOM % 20000)) pids=() r rc t0 took deadline=20
+  local port="$(free_port)" pids=() r rc t0 took deadline=20
   for r in 0 1; do
     TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
       NCCL_HOSTID="tfhvd-device-check-rank$r" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \

@@ -41,13 +41,19 @@ bad() {
   done
 }
 now() { date +%s.%N; }
+# A TCP port free on this host now (the kernel's pick for port 0).  A random
+# port of 20000-39999 could already be taken: the kernel's ephemeral ports
+# start at 32768, and once rank 0 failed to bind one while rank 1 waited.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 secs() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # run NAME NRANKS [VAR=VALUE ...] -- ARGS...: starts the ranks (a variable
 # written rK:VAR=VALUE goes to rank K only), waits; sets RC[r] and ELAPSED.
 run() {
   CASE="$1"
-  local n="$2" port=$((20000 + RANDOM % 20000)) start r
+  local n="$2" port="$(free_port)" start r
   shift 2
   local vars=()
   while [ "$#" -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
@@ -208,7 +214,7 @@ has nccl-init-error-rank1 1 "in ncclCommInitRank: unhandled system error" ||
 # rank 0 must end non-zero within its deadline, naming NCCL or the deadline.
 kill_one_rank() {
   CASE=kill-one-rank
-  local port=$((20000 + RANDOM % 20000)) start r pids=() why=""
+  local port="$(free_port)" start r pids=() why=""
   for r in 0 1; do
     env TFHVD_HARNESS_RANK=$r TFHVD_HARNESS_SIZE=2 TFHVD_HARNESS_ADDR="127.0.0.1:$port" \
       TFHVD_FAKE_GPU_BUS_ID="0000:$((41 + r)):00.0" TFHVD_NCCL_TIMEOUT=5 \
