@@ -104,6 +104,39 @@ def test_other_collectives_in_a_jit_function(kind, call):
     assert "unsupported op" not in message.lower(), message
 
 
+@pytest.mark.parametrize("jit", [True, False])
+def test_allreduce_of_an_eager_tensor_a_function_captured(jit):
+    """A tensor made outside the function and used inside it (a closure): the
+    op is built from its captured graph tensor, with or without XLA."""
+    outside = tf.constant([1.0, 2.0])
+    fn = tf.function(lambda: hvd.allreduce(outside, op=hvd.Sum) * 2.0, jit_compile=jit)
+    assert fn().numpy().tolist() == [2.0, 4.0]
+    if jit:
+        assert 'custom_call_target="tfhvd_allreduce"' in _hlo(fn)
+    averaged = tf.function(lambda: hvd.allreduce(outside, compression=hvd.Compression.fp16),
+                           jit_compile=jit)
+    assert averaged().numpy().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("kind,call", [
+    ("size_op", lambda: hvd.size_op()),
+    ("local_size_op", lambda: hvd.local_size_op()),
+    ("rank_op", lambda: hvd.rank_op()),
+    ("local_rank_op", lambda: hvd.local_rank_op()),
+    ("process_set_included_op", lambda: hvd.process_set_included_op()),
+])
+def test_size_and_rank_ops_in_a_jit_function(kind, call):
+    fn = tf.function(lambda x: x + tf.cast(call(), tf.float32), jit_compile=True)
+    with pytest.raises(XlaCollectiveError) as excinfo:
+        fn(tf.ones([2]))
+    message = str(excinfo.value)
+    assert "tfhvd %s is inside the tf.function" % kind in message, message
+    assert "hvd.size(), hvd.rank()" in message, message  # the way out
+    assert "unsupported op" not in message.lower(), message
+    plain = tf.function(lambda x: x + tf.cast(call(), tf.float32))
+    assert plain(tf.ones([2])).numpy().tolist() == [1.0 + float(call()), 1.0 + float(call())]
+
+
 def test_gradient_of_a_collective_in_a_jit_function():
     v = tf.Variable([1.0, 2.0])
 

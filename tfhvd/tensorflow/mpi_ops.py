@@ -190,7 +190,14 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
                ignore_name_scope: bool = False,
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Allreduces one dense tensor with ``op`` (no compression, no averaging tricks)."""
-    if type(tensor) is not _EagerTensor and not isinstance(tensor, tf.Tensor):
+    eager = tf.executing_eagerly()
+    if type(tensor) is not _EagerTensor:
+        if not isinstance(tensor, tf.Tensor):
+            tensor = tf.convert_to_tensor(tensor)
+    elif not eager:
+        # An eager tensor that a tf.function captured from outside: its graph
+        # tensor from here on (an eager tensor has no name to build the op's
+        # from, and the XLA check below looks at graph tensors only).
         tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready((tensor,), _REDUCE_DTYPES, "allreduce", process_set)
     if op == Adasum:
@@ -202,7 +209,7 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
                 tensor_name=_eager_name(name), name=_graph_name("HorovodAllreduce", name, tensor),
                 process_set_id=ps_id)
     _check_op(op)
-    if tf.executing_eagerly():
+    if eager:
         return _ops().horovod_allreduce(
             tensor, reduce_op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
@@ -444,31 +451,45 @@ def _set_id_arg(process_set_id, process_set) -> int:
     return int(process_set_id)
 
 
+def _check_info_op(kind: str) -> None:
+    """A clear error when one of the ops that read the job's shape is added to
+    an XLA-compiled function (XLA has no lowering for them)."""
+    if not tf.executing_eagerly():
+        xla.check_not_compiled(kind)
+
+
 def size_op(process_set_id: int = 0, name: Optional[str] = None,
             process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """The size of a process set (the job for id 0) as a graph op (evaluated when run)."""
+    _check_info_op("size_op")
     return _ops().horovod_size(process_set_id=_set_id_arg(process_set_id, process_set),
                                name=name)
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    """The number of ranks on this host as a graph op."""
+    _check_info_op("local_size_op")
     return _ops().horovod_local_size(name=name)
 
 
 def rank_op(name: Optional[str] = None, process_set_id: int = 0,
             process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """This process's rank as a graph op; within a process set when one is given."""
+    _check_info_op("rank_op")
     return _ops().horovod_rank(process_set_id=_set_id_arg(process_set_id, process_set),
                                name=name)
 
 
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    """This process's rank on its host as a graph op."""
+    _check_info_op("local_rank_op")
     return _ops().horovod_local_rank(name=name)
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None,
                             process_set: Optional[ProcessSet] = None) -> tf.Tensor:
     """1 when this process is in the process set, else 0, as a graph op."""
+    _check_info_op("process_set_included_op")
     return _ops().horovod_process_set_included(
         process_set_id=_set_id_arg(process_set_id, process_set), name=name)
 

@@ -32,7 +32,8 @@ WORKAROUND = (
 
 
 class XlaCollectiveError(ValueError):
-    """A tfhvd collective was added to a function that XLA compiles."""
+    """A tfhvd collective (or size, rank op) was added to a function that XLA
+    compiles and cannot run there."""
 
     # AutoGraph re-raises errors from converted code as its own StagingError,
     # message and all, unless told to let them through: keep the type and words.
@@ -68,6 +69,14 @@ def _function_label(graph: tf_ops.Graph) -> str:
 # HorovodGroupedAllreduce).
 XLA_KINDS = ("allreduce", "grouped_allreduce")
 _why_not: List[Optional[str]] = []  # decided once per process
+
+# The ops that read the job's shape when they run: no XLA lowering, and a
+# different way out than the collectives'.
+INFO_KINDS = ("size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op")
+INFO_WORKAROUND = (
+    "Use hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank() or "
+    "process_set.included() there instead (Python values, fixed when the function is "
+    "traced), or run the op outside the compiled function and pass its value in.")
 
 
 @tf.autograph.experimental.do_not_convert
@@ -105,6 +114,11 @@ def check_not_compiled(kind: str, name: Optional[str] = None) -> None:
         why = xla_ops_refusal()
         if why is None:
             return  # an XLA custom call (xla_ops.cc)
+    elif kind in INFO_KINDS:
+        raise XlaCollectiveError(
+            "tfhvd %s is inside the tf.function '%s', which is compiled with XLA "
+            "(jit_compile=True); XLA cannot compile it: it reads the job's shape when it "
+            "runs, and XLA has no op for that.  %s" % (kind, function, INFO_WORKAROUND))
     else:
         why = "only allreduce and grouped_allreduce have XLA ops"
     what = "tfhvd %s%s" % (kind, " '%s'" % name if name else "")
