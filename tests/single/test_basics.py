@@ -1,6 +1,8 @@
 """One-process tests: a job of size 1, settings, error messages, build info."""
 
+import os
 import textwrap
+from typing import Dict
 
 import numpy as np
 import pytest
@@ -221,47 +223,77 @@ def test_ops_before_init_say_call_init_first():
     assert out.stdout.count("call hvd.init() first") == 5, out.stdout
 
 
-def test_settings_parsing_both_names():
-    out = run_python(textwrap.dedent("""
-        import tfhvd.tensorflow as hvd
-        s = hvd.settings()
-        print(s["fusion_threshold_bytes"], s["cycle_time_ms"], s["cache_capacity"],
-              s["log_level"], s["stall_check_time_s"], s["stall_shutdown_time_s"])
-    """), env={"HOROVOD_FUSION_THRESHOLD": "1048576", "TFHVD_CYCLE_TIME": "0.5",
-               "HOROVOD_CACHE_CAPACITY": "7", "HOROVOD_LOG_LEVEL": "error",
-               "TFHVD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1048576", "0.5", "7", "error", "5", "9"]
+@pytest.fixture
+def settings_env(monkeypatch):
+    """Sets only the given TFHVD_/HOROVOD_ variables (the others removed) for
+    ``hvd.settings()``, which parses the environment on every call, as init does."""
+    for key in list(os.environ):
+        if key.startswith(("TFHVD_", "HOROVOD_")):
+            monkeypatch.delenv(key)
+
+    def use(env: Dict[str, str]) -> Dict[str, str]:
+        for key in list(os.environ):
+            if key.startswith(("TFHVD_", "HOROVOD_")):
+                monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return hvd.settings()
+    return use
 
 
-def test_settings_tfhvd_name_wins():
-    out = run_python("import tfhvd.tensorflow as hvd; print(hvd.settings()['cache_capacity'])",
-                     env={"HOROVOD_CACHE_CAPACITY": "7", "TFHVD_CACHE_CAPACITY": "9"})
-    assert out.stdout.strip() == "9", out.stderr
+def test_settings_parsing_both_names(settings_env):
+    s = settings_env({"HOROVOD_FUSION_THRESHOLD": "1048576", "TFHVD_CYCLE_TIME": "0.5",
+                      "HOROVOD_CACHE_CAPACITY": "7", "HOROVOD_LOG_LEVEL": "error",
+                      "TFHVD_STALL_CHECK_TIME_SECONDS": "5",
+                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"})
+    assert [s["fusion_threshold_bytes"], s["cycle_time_ms"], s["cache_capacity"],
+            s["log_level"], s["stall_check_time_s"], s["stall_shutdown_time_s"]] == \
+        ["1048576", "0.5", "7", "error", "5", "9"]
+
+
+def test_settings_tfhvd_name_wins(settings_env):
+    s = settings_env({"HOROVOD_CACHE_CAPACITY": "7", "TFHVD_CACHE_CAPACITY": "9"})
+    assert s["cache_capacity"] == "9"
 
 
 @pytest.mark.parametrize("env,want", [({}, "1"), ({"TFHVD_GRAPH_INLINE": "0"}, "0"),
                                       ({"HOROVOD_GRAPH_INLINE": "0"}, "0"),
                                       ({"HOROVOD_GRAPH_INLINE": "0", "TFHVD_GRAPH_INLINE": "1"},
                                        "1")])
-def test_graph_inline_setting(env, want):
+def test_graph_inline_setting(settings_env, env, want):
     """GRAPH_INLINE: on by default; off under either spelling; TFHVD_ wins."""
-    out = run_python("import tfhvd.tensorflow as hvd; print(hvd.settings()['graph_inline'])",
-                     env=env)
-    assert out.stdout.strip() == want, out.stderr
+    assert settings_env(env)["graph_inline"] == want
 
 
-@pytest.mark.parametrize("var,value", [("TFHVD_FUSION_THRESHOLD", "64MB"),
-                                       ("HOROVOD_CYCLE_TIME", "-1"),
-                                       ("TFHVD_LOG_LEVEL", "loud"),
-                                       ("HOROVOD_STALL_CHECK_DISABLE", "maybe"),
-                                       ("TFHVD_GRAPH_INLINE", "sometimes")])
-def test_bad_setting_is_a_clear_init_error(var, value):
-    out = run_python("import tfhvd.tensorflow as hvd\n"
-                     "try:\n    hvd.init()\nexcept ValueError as e:\n    print('ERR', e)\n",
-                     env={var: value})
+_BAD_SETTINGS = [("TFHVD_FUSION_THRESHOLD", "64MB"), ("HOROVOD_CYCLE_TIME", "-1"),
+                 ("TFHVD_LOG_LEVEL", "loud"), ("HOROVOD_STALL_CHECK_DISABLE", "maybe"),
+                 ("TFHVD_GRAPH_INLINE", "sometimes")]
+
+
+def test_bad_setting_is_a_clear_init_error():
+    """Each bad value fails init with a ValueError naming the variable and the
+    value, in one fresh process one after the other: a failed init leaves
+    nothing behind, and the next init, with the settings fixed, runs."""
+    out = run_python(textwrap.dedent("""
+        import os
+        import tensorflow as tf
+        import tfhvd.tensorflow as hvd
+        for var, value in %r:
+            os.environ[var] = value
+            try:
+                hvd.init()
+                print("NO ERROR for", var)
+            except ValueError as e:
+                print("ERR", e)
+            del os.environ[var]
+        hvd.init()
+        print("THEN", hvd.size(), hvd.allreduce(tf.constant([3.0]), op=hvd.Sum).numpy())
+    """ % (_BAD_SETTINGS,)))
     assert out.returncode == 0, out.stderr
-    assert "ERR invalid value '%s' for %s" % (value, var) in out.stdout
+    for var, value in _BAD_SETTINGS:
+        assert "ERR invalid value '%s' for %s" % (value, var) in out.stdout, out.stdout
+    assert "NO ERROR" not in out.stdout
+    assert "THEN 1 [3.]" in out.stdout, out.stdout
 
 
 def test_clean_exit_without_explicit_shutdown():
