@@ -222,6 +222,31 @@ def test_backward_passes_sum_by_default():
         np.testing.assert_allclose(d, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("epochs,samples", [(3, kc.BATCH), (1, kc.BATCH), (2, 3 * kc.BATCH)])
+def test_unbuilt_sequential_ends_with_rank_0_weights(epochs, samples):
+    """A Sequential without an Input has no weights at on_train_begin (Keras 3
+    builds it in the first step): the callback broadcasts after the first
+    batch, also when every epoch is a single batch (whose index is 0 each
+    time) and when the whole fit is one batch.  The ranks start from their
+    own random weights and must end identical."""
+    r, n = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(300 + r)
+    model = keras.Sequential([keras.layers.Dense(6, activation="tanh"),
+                              keras.layers.Dense(kc.CLASSES, activation="softmax")])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss=kc.LOSS)
+    assert not model.weights
+    x, y = kc.rank_data(n)
+    model.fit(x[r][:samples], y[r][:samples], batch_size=kc.BATCH, epochs=epochs,
+              shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    state = model.get_weights() + [np.asarray(v) for v in model.optimizer.variables]
+    everyone = hvd.allgather_object(state, name="unbuilt_%d_%d" % (epochs, samples))
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 # jit_compile=True (the train step split around the reduction, XLA kept off
 # for SyncBatchNormalization): test_keras_xla.py.
 

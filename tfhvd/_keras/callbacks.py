@@ -78,8 +78,10 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     It runs at ``on_train_begin`` (after weights were loaded, e.g. from a
     checkpoint on rank 0 only), building the optimizer's variables first.  Only
-    a model that has no weights yet at that point (a subclassed model that was
-    never called) is broadcast before its second batch instead, with a warning.
+    a model that has no weights yet at that point (one whose layers the first
+    batch builds) is broadcast after its first batch instead, as Horovod does:
+    before the next batch, or at the end of the epoch or of training, whichever
+    comes first (so also when every epoch has a single batch).
 
     Args:
       root_rank: the rank whose state everyone takes.
@@ -98,7 +100,8 @@ class BroadcastGlobalVariablesCallbackImpl:
         self.root_rank = _check_root(root_rank)
         self.device = device
         self.broadcast_done = False
-        self._after_first_batch = False
+        self._after_first_batch = False  # no weights at on_train_begin
+        self._first_batch_seen = False
         self._local_vars: set = set()
         if local_variables is None:
             local_variables = []
@@ -129,10 +132,25 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         # Fallback for models without weights at on_train_begin: broadcast before
-        # the second batch (a batch-end hook would turn off Keras's async callbacks).
-        if self._after_first_batch and not self.broadcast_done and batch > 0:
-            broadcast_model_state(self.model, self.root_rank, self._local_vars, self.process_set)
-            self.broadcast_done = True
+        # the second batch, whatever its index (it is 0 again in the next epoch);
+        # a batch-end hook would turn off Keras's asynchronous callbacks.
+        if self._after_first_batch and not self.broadcast_done:
+            if self._first_batch_seen:
+                self._broadcast_after_first_batch()
+            else:
+                self._first_batch_seen = True
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._broadcast_after_first_batch()
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._broadcast_after_first_batch()
+
+    def _broadcast_after_first_batch(self) -> None:
+        if self._after_first_batch and self._first_batch_seen and not self.broadcast_done:
+            if broadcast_model_state(self.model, self.root_rank, self._local_vars,
+                                     self.process_set):
+                self.broadcast_done = True
 
 
 def _is_variable(v: Any) -> bool:
