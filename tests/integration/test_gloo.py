@@ -44,12 +44,14 @@ def test_stall_under_gloo(under_gloo):
 
 
 def test_output_is_tagged_and_env_is_passed(under_gloo):
-    code = "import os; print('probe', os.environ['HOROVOD_RANK'], os.environ['TFHVD_TEST_PROBE'])"
+    code = ("import os; print('probe', os.environ['HOROVOD_RANK'], os.environ['TFHVD_TEST_PROBE'])"
+            "; from tfhvd.runner.common.util import env; print('env says', *env.get_env_rank_and_size())")
     job = launch(["-np", "3", sys.executable, "-c", code],
                  env=clean_env({"TFHVD_TEST_PROBE": "passed"}), timeout=60)
     assert job.rc == 0, job.explain()
     for r in range(3):
         assert "[1,%d]<stdout>:probe %d passed" % (r, r) in job.out, job.explain()
+        assert "[1,%d]<stdout>:env says %d 3" % (r, r) in job.out, job.explain()
 
 
 def test_output_filename_gets_each_ranks_lines(under_gloo, tmp_path):

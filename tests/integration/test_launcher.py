@@ -31,11 +31,15 @@ def test_training_job_runs_on_two_ranks():
 
 
 def test_every_line_is_tagged_with_its_rank():
+    """Also: Horovod's get_env_rank_and_size() reads mpirun's variables."""
     job = launch(["-np", "2"] + py("import os; print('hello from', "
-                                   "os.environ['OMPI_COMM_WORLD_RANK'])"))
+                                   "os.environ['OMPI_COMM_WORLD_RANK']); "
+                                   "from tfhvd.runner.common.util import env; "
+                                   "print('env says', *env.get_env_rank_and_size())"))
     assert job.rc == 0, job.explain()
     assert "[1,0]<stdout>:hello from 0" in job.out
     assert "[1,1]<stdout>:hello from 1" in job.out
+    assert "[1,0]<stdout>:env says 0 2" in job.out and "[1,1]<stdout>:env says 1 2" in job.out
 
 
 def test_exit_code_is_the_jobs():

@@ -160,3 +160,30 @@ def test_gloo_job_blames_the_rank_killed_by_a_signal_not_its_peer():
     assert "tfhvdrun: rank 3 (h) was killed by signal 11 (SIGSEGV)" in err.getvalue()
     assert tracker._signaled and tracker._signaled[0][0] == 3
     assert tracker._first_exit == 0  # rank 0's own failure is recorded too
+
+
+def test_env_rank_and_size_from_each_launcher(monkeypatch):
+    """Horovod's horovod.runner.common.util.env.get_env_rank_and_size()."""
+    from tfhvd.runner.common.util import env
+
+    for var in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert env.get_env_rank_and_size() == (0, 1)  # no launcher
+    monkeypatch.setenv("PMI_RANK", "2")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert env.get_env_rank_and_size() == (2, 4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    assert env.get_env_rank_and_size() == (1, 3)  # mpirun's before PMI's
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    with pytest.raises(RuntimeError, match="HOROVOD_RANK is set but HOROVOD_SIZE is not"):
+        env.get_env_rank_and_size()
+    monkeypatch.setenv("HOROVOD_SIZE", "two")
+    with pytest.raises(RuntimeError, match="HOROVOD_SIZE='two'"):
+        env.get_env_rank_and_size()
+    # What tfhvdrun --gloo gives rank 1 of 2 (Horovod's names) comes first.
+    given = worker_env({}, plan_slots([HostSlots("a", 2)], 2)[1], 2, "10.0.0.1", 9, None)
+    for var in ("HOROVOD_RANK", "HOROVOD_SIZE"):
+        monkeypatch.setenv(var, given[var])
+    assert env.get_env_rank_and_size() == (1, 2)
