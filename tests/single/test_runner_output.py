@@ -93,6 +93,31 @@ def test_stdout_between_traceback_lines_is_not_the_error():
     assert t.culprit() == ([1], "raised RuntimeError: injected")
 
 
+def test_an_error_inside_a_tf_function_is_named_by_its_own_message():
+    """AutoGraph's exception line is only "TypeError: in user code:"; the
+    original "Name: message" is the indented block's last such line.  A
+    consequence reported that way is still a consequence."""
+    t = FailureTracker()
+    for text in ["Traceback (most recent call last):", '  File "train.py", line 10, in <module>',
+                 "    step()", "TypeError: in user code:", "",
+                 '    File "train.py", line 9, in step  *',
+                 "        hvd.broadcast_variables(opt.variables(), root_rank=0)", "",
+                 "    TypeError: 'list' object is not callable", ""]:
+        t.feed(Line(1, "stderr", text))
+    for text in ["Traceback (most recent call last):", "ValueError: in user code:",
+                 '    File "train.py", line 9, in step  *',
+                 "    tensorflow.python.framework.errors_impl.AbortedError: allreduce of "
+                 "tensor 'g' cannot complete: ranks [1] have shut down"]:
+        t.feed(Line(0, "stderr", text))
+    t.feed(Line(0, "stderr", "tfhvd: a later line at column 0 ends the block"))
+    t.feed(Line(0, "stderr", "    KeyError: 'not part of the block'"))
+    assert t.culprit() == ([1], "raised TypeError: 'list' object is not callable "
+                                "(in a tf.function)")
+    assert "rank 0 then failed: tensorflow.python.framework.errors_impl.AbortedError: " \
+        "allreduce of tensor 'g'" in t.summary(1)
+    assert "KeyError" not in t.summary(1)
+
+
 def test_mpirun_message_splitting_a_traceback_line():
     # mpirun's own message lands between a traceback line's indentation and
     # its text: "main()" then stands at column 0 but is not the exception.

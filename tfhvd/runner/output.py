@@ -43,6 +43,11 @@ _TB_CHAIN = ("During handling of the above exception", "The above exception was 
 # Anything else at column 0 is a traceback line whose indentation mpirun
 # split off (its own message landed mid-line): "main()".
 _EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")
+# An error raised inside a tf.function: AutoGraph's exception line says only
+# "in user code:"; the frames follow, indented, and the original exception's
+# "Name: message" is the block's last line at that indentation.
+_USER_CODE = "in user code:"
+_INNER_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt): .*")
 
 
 @dataclass
@@ -120,6 +125,7 @@ class FailureTracker:
         self._lock = threading.Lock()
         self._seq = 0
         self._in_tb: Dict[int, bool] = {}
+        self._user_code: Dict[int, _RankError] = {}  # an "in user code:" error's block
         self._errors: List[_RankError] = []
         self._signaled: List[Tuple[int, int, str, str]] = []  # rank, signal, name, node
         self._prev = ""  # mpirun's previous line
@@ -158,6 +164,14 @@ class FailureTracker:
         m = _STALL_ITEM.search(text)
         if m:
             self._stalls[m.group(1)] = (int(m.group(2)), m.group(3))
+        if rank in self._user_code:
+            if text[:1] in (" ", "\t", ""):
+                if _INNER_EXCEPTION.fullmatch(text.strip()):
+                    err = self._user_code[rank]
+                    err.text = "%s (in a tf.function)" % text.strip()
+                    self._classify(err)
+                return
+            del self._user_code[rank]
         if text.rstrip().endswith("Traceback (most recent call last):"):
             self._in_tb[rank] = True
             return
@@ -167,13 +181,21 @@ class FailureTracker:
             return
         self._in_tb[rank] = False
         err = _RankError(self._seq, rank, text.strip())
+        self._classify(err)
+        self._errors.append(err)
+        if err.text.endswith(_USER_CODE):
+            self._user_code[rank] = err
+
+    @staticmethod
+    def _classify(err: _RankError) -> None:
+        """Marks an error that reports another rank's failure as a consequence."""
+        err.consequence, err.caused_by = False, []
         for pat in _CONSEQUENCES:
-            c = pat.search(text)
+            c = pat.search(err.text)
             if c:
                 err.consequence = True
                 err.caused_by = [int(x) for x in re.findall(r"\d+", c.group(1))]
                 break
-        self._errors.append(err)
 
     def record_exit(self, rank: int, code: int, host: str) -> None:
         """A launcher that watches the ranks itself (``tfhvdrun --gloo``)
