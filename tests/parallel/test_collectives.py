@@ -274,6 +274,12 @@ def test_object_collectives():
     assert obj == {"from": size - 1, "data": list(range(size + 2))}
     objs = hvd.allgather_object(("rank", rank, "x" * rank))
     assert objs == [("rank", r, "x" * r) for r in range(size)]
+    # The usual idiom: only the root has the object, the others pass None (and
+    # each rank's object is of another type in the allgather).
+    state = {"epoch": 3} if rank == 0 else None
+    assert hvd.broadcast_object(state, root_rank=0) == {"epoch": 3}
+    mixed = hvd.allgather_object(None if rank == 0 else {"r": rank})
+    assert mixed == [None] + [{"r": r} for r in range(1, size)]
 
 
 def test_broadcast_variables():

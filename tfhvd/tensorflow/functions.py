@@ -75,10 +75,13 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank of ``process_set``.
 
-    ``root_rank`` is a global rank, as in Horovod.
+    ``root_rank`` is a global rank, as in Horovod.  The collectives' default
+    name is ``broadcast_object`` on every rank (Horovod's, the object's type
+    name, differs between ranks in the usual ``obj if rank == root else None``
+    and ranks match collectives by name).
     """
     check_process_set(process_set)
-    name = name or type(obj).__name__
+    name = name or "broadcast_object"
     if basics.rank() == root_rank:
         buf = io.BytesIO()
         _pickler.dump(obj, buf)
@@ -99,9 +102,12 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
-    """Returns the list of every rank's ``obj`` (of ``process_set``), in rank order."""
+    """Returns the list of every rank's ``obj`` (of ``process_set``), in rank order.
+
+    The default name is ``allgather_object`` on every rank, whatever each
+    rank's object is (see :func:`broadcast_object`)."""
     check_process_set(process_set)
-    name = name or type(obj).__name__
+    name = name or "allgather_object"
     buf = io.BytesIO()
     _pickler.dump(obj, buf)
     payload = np.frombuffer(buf.getvalue(), dtype=np.uint8)
