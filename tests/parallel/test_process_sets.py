@@ -419,6 +419,28 @@ def test_dynamic_remove_and_readd():
     global_ok()
 
 
+def test_a_traced_collective_runs_on_every_call():
+    """A tf.function's collective of a constant is not evaluated once when the
+    function is optimised (constant folding, Horovod issue 3229): it runs on
+    every call, so after its set is removed the next call fails, as in Horovod
+    ('process set ... does not exist'), instead of returning the old value."""
+    needs_two()
+    ps = mine()
+    step = tf.function(lambda: hvd.allreduce(tf.constant([2.0]), op=hvd.Sum, name="folded",
+                                             process_set=ps))
+    assert step().numpy()[0] == 2.0 * ps.size()
+    assert step().numpy()[0] == 2.0 * ps.size()
+    hvd.barrier()
+    for name in ("even", "odd"):
+        assert hvd.remove_process_set(SETS[name]) is True
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not exist, or has been removed"):
+        step()
+    global_ok()
+    n = hvd.size()
+    SETS["even"] = hvd.add_process_set(list(range(0, n, 2)))
+    SETS["odd"] = hvd.add_process_set(list(range(1, n, 2)))
+
+
 def test_timeline_names_the_set(tmp_path):
     needs_two()
     ps = mine()

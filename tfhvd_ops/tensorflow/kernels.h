@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "tensorflow/core/framework/log_memory.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -240,6 +241,22 @@ inline std::string EntryName(const std::string& base, int i, int n) {
   return n == 1 ? base : base + "_" + std::to_string(i + 1) + "of" + std::to_string(n);
 }
 
+// Constant folding (Grappler's, and the graph optimiser's when a function is
+// instantiated) runs a kernel whose inputs are all constants once, while the
+// graph is optimised, and puts its outputs in the graph as constants: a
+// collective would run once and never again (Horovod issue 3229), and after a
+// process set's removal or an elastic reset the old result would still come
+// back.  Such a run has no step container (Grappler) or the constant-folding
+// step id (the graph optimiser).  A collective refuses it, and its node stays
+// in the graph.  (Marking the ops stateful would also stop the folding, but
+// tf.function then runs them in program order, one at a time: no fusion.)
+inline bool BeingConstantFolded(OpKernelContext* ctx) {
+  return ctx->step_container() == nullptr ||
+         ctx->step_id() == LogMemory::CONSTANT_FOLDING_STEP_ID;
+}
+
+inline constexpr char kNotFolded[] = "tfhvd: a collective is not constant-folded";
+
 class HorovodOp : public AsyncOpKernel {
  public:
   explicit HorovodOp(OpKernelConstruction* c, core::CollectiveType type)
@@ -257,6 +274,7 @@ class HorovodOp : public AsyncOpKernel {
   // runtime itself until its op is done (Runtime::Drive explains why that
   // cannot deadlock).  Graph executors call ComputeAsync and never block.
   void Compute(OpKernelContext* ctx) override {
+    if (BeingConstantFolded(ctx)) return ctx->SetStatus(errors::Unimplemented(kNotFolded));
     if (!DriveOnCaller()) return AsyncOpKernel::Compute(ctx);
     std::atomic<bool> finished{false};
     absl::Notification notification;
@@ -269,6 +287,10 @@ class HorovodOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (BeingConstantFolded(ctx)) {
+      ctx->SetStatus(errors::Unimplemented(kNotFolded));
+      return done();
+    }
     const int n = NumEntries(ctx);
     auto completion = std::make_shared<Completion>(ctx, std::move(done), n);
     std::vector<core::TensorTableEntry> entries;
