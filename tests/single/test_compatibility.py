@@ -180,3 +180,43 @@ def test_supported_name_has_the_listed_parameters(module, name, status, params):
     assert got is not None, "%s.%s has no signature" % (module, name)
     assert got == want, "%s.%s: tfhvd has (%s), docs/COMPATIBILITY.md lists (%s)" % (
         module, name, ", ".join(got), ", ".join(want))
+
+
+def test_best_model_checkpoint_takes_each_modules_positional_order(tmp_path):
+    """horovod.tensorflow.keras's BestModelCheckpoint has save_weights_only
+    third, horovod.keras's has none: a positional call means the same in tfhvd."""
+    import tfhvd.keras as k3_hvd
+    import tfhvd.tensorflow.keras as tf_hvd
+
+    tf_hvd.init()
+    path = str(tmp_path / "best.weights.h5")
+    tf_face = tf_hvd.callbacks.BestModelCheckpoint("val_acc", 0, True, "max", "epoch",
+                                                   filepath=path)
+    assert (tf_face.monitor, tf_face.save_weights_only, tf_face.save_best_only) == \
+        ("val_acc", True, True)
+    assert tf_face.mode == "max"
+    k3_face = k3_hvd.callbacks.BestModelCheckpoint("val_acc", 0, "max", "epoch",
+                                                   filepath=str(tmp_path / "best.keras"))
+    assert (k3_face.monitor, k3_face.save_weights_only) == ("val_acc", False)
+    assert k3_face.mode == "max"
+    assert isinstance(tf_face, k3_hvd.callbacks.BestModelCheckpoint)
+    with pytest.raises(ValueError, match="needs filepath"):
+        tf_hvd.callbacks.BestModelCheckpoint()
+
+
+def test_sync_batch_norm_takes_horovods_fused_false():
+    """Horovod's SyncBatchNormalization(fused=False) builds under Keras 3 (which
+    has no fused kernel); fused=True and synchronized=True are refused by name."""
+    import numpy as np
+    import tfhvd.keras as k3_hvd
+    import tfhvd.tensorflow as tf_hvd
+
+    k3_hvd.init()
+    for face in (k3_hvd, tf_hvd):
+        layer = face.SyncBatchNormalization(fused=False, momentum=0.5)
+        out = layer(np.ones([4, 3], "float32"), training=True)
+        assert out.shape == (4, 3)
+        with pytest.raises(ValueError, match="cannot use the fused kernel"):
+            face.SyncBatchNormalization(fused=True)
+        with pytest.raises(ValueError, match="always synchronised"):
+            face.SyncBatchNormalization(synchronized=True)

@@ -120,6 +120,11 @@ def _make_keras3() -> type:
         _tfhvd_collective_layer = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # Horovod's layer takes fused=False (tf-keras's argument; Keras 3
+            # has no fused kernel): accepted and dropped, fused=True refused.
+            if kwargs.pop("fused", None):
+                raise ValueError("SyncBatchNormalization cannot use the fused kernel; drop "
+                                 "fused=True")
             if kwargs.pop("synchronized", False):
                 raise ValueError("SyncBatchNormalization is always synchronised by tfhvd; drop "
                                  "synchronized=True (it selects tf.distribute)")
