@@ -118,6 +118,29 @@ def test_an_error_inside_a_tf_function_is_named_by_its_own_message():
     assert "KeyError" not in t.summary(1)
 
 
+def test_a_graph_execution_error_is_named_by_the_kernels_message():
+    """TF1 sessions and tf.function runs say "Graph execution error:", then where
+    the node was defined, "Node: 'name'", then the kernel's message: that
+    message names the error (here a consequence of rank 1 leaving)."""
+    t = FailureTracker()
+    for text in ["Traceback (most recent call last):", '  File "train.py", line 8, in <module>',
+                 "tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:",
+                 "", "Detected at node 'grad' defined at (most recent call last):",
+                 '    File "train.py", line 4, in <module>', "Node: 'grad'",
+                 "tfhvd: allreduce of tensor 'grad' cannot complete: ranks [1] have shut down",
+                 "\t [[{{node grad}}]]", "", "Original stack trace for 'grad':"]:
+        t.feed(Line(0, "stderr", text))
+    # The same error again, as the chained traceback of a session shows it.
+    t.feed(Line(0, "stderr", "Traceback (most recent call last):"))
+    t.feed(Line(0, "stderr", "tensorflow.python.framework.errors_impl.UnknownError: tfhvd: "
+                             "allreduce of tensor 'grad' cannot complete: ranks [1] have shut down"))
+    t.record_exit(1, 0, "h")
+    message = ("tensorflow.python.framework.errors_impl.UnknownError: tfhvd: allreduce of tensor "
+               "'grad' cannot complete: ranks [1] have shut down")
+    assert t.culprit() == ([1], "stopped taking part: rank 0 reported " + message)
+    assert t.summary(1).count("rank 0 then failed: " + message) == 1, t.summary(1)
+
+
 def test_mpirun_message_splitting_a_traceback_line():
     # mpirun's own message lands between a traceback line's indentation and
     # its text: "main()" then stands at column 0 but is not the exception.

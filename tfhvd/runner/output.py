@@ -48,6 +48,10 @@ _EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::|$)")
 # "Name: message" is the block's last line at that indentation.
 _USER_CODE = "in user code:"
 _INNER_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt): .*")
+# An op that failed in a graph (a TF1 session, a tf.function run by Keras):
+# "Name: Graph execution error:", the frames where the node was defined, a
+# "Node: 'name'" line, then the kernel's message.
+_GRAPH_ERROR = "Graph execution error:"
 
 
 @dataclass
@@ -126,6 +130,7 @@ class FailureTracker:
         self._seq = 0
         self._in_tb: Dict[int, bool] = {}
         self._user_code: Dict[int, _RankError] = {}  # an "in user code:" error's block
+        self._graph_error: Dict[int, List] = {}  # a graph error: [error, after "Node:"]
         self._errors: List[_RankError] = []
         self._signaled: List[Tuple[int, int, str, str]] = []  # rank, signal, name, node
         self._prev = ""  # mpirun's previous line
@@ -172,6 +177,18 @@ class FailureTracker:
                     self._classify(err)
                 return
             del self._user_code[rank]
+        if rank in self._graph_error:
+            pending = self._graph_error[rank]
+            if text.startswith("Node: "):
+                pending[1] = True
+                return
+            if pending[1] and text.strip():
+                err = pending[0]
+                name = err.text[:-len(_GRAPH_ERROR)].rstrip().rstrip(":")
+                err.text = "%s: %s" % (name, text.strip())
+                self._classify(err)
+                del self._graph_error[rank]
+                return
         if text.rstrip().endswith("Traceback (most recent call last):"):
             self._in_tb[rank] = True
             return
@@ -185,6 +202,8 @@ class FailureTracker:
         self._errors.append(err)
         if err.text.endswith(_USER_CODE):
             self._user_code[rank] = err
+        elif err.text.endswith(_GRAPH_ERROR):
+            self._graph_error[rank] = [err, False]
 
     @staticmethod
     def _classify(err: _RankError) -> None:
@@ -254,8 +273,12 @@ class FailureTracker:
                          % (name, missing, secs))
         with self._lock:
             victims = [e for e in self._errors if e.consequence]
-        for e in victims[:4]:
-            lines.append("tfhvdrun: rank %d then failed: %s" % (e.rank, _short(e.text)))
+        seen = set()
+        for e in victims:
+            line = "tfhvdrun: rank %d then failed: %s" % (e.rank, _short(e.text))
+            if line not in seen and len(seen) < 4:  # a chained traceback repeats it
+                seen.add(line)
+                lines.append(line)
         return "\n".join(lines)
 
 
