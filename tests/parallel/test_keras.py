@@ -255,6 +255,28 @@ def test_warmup_learning_rate_at_every_batch():
     kc.assert_warmup(kc.run_warmup(keras, hvd))
 
 
+def test_warmup_ends_at_initial_lr_with_steps_per_execution():
+    """compile(steps_per_execution=3) calls the batch hook every third batch, the
+    last one of an epoch before its last batches: the warmup must still end at
+    initial_lr and stay there (and say so)."""
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n, steps=8)
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss=kc.LOSS, steps_per_execution=3)
+    rates = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            rates.append(kc.lr_value(self.model.optimizer))
+
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=4, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=2), Probe()])
+    np.testing.assert_allclose(rates[1:], [0.2] * 3, rtol=1e-6)
+    assert rates[0] < 0.2 or n == 1
+
+
 def test_warmup_scales_a_learning_rate_schedule():
     r, n = hvd.rank(), hvd.size()
     x, y = kc.rank_data(n)

@@ -361,8 +361,10 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         lr = initial_lr / size * ((size - 1) * e / warmup_epochs + 1),
         e = epoch + (batch + 1) / steps_per_epoch
 
-    so that the last batch of the warmup uses ``initial_lr`` exactly.  Works with
-    a learning-rate schedule (its value is scaled by the same factor).
+    so that the last batch of the warmup uses ``initial_lr`` exactly, and the
+    rate is ``initial_lr`` when the warmup ends (also with ``steps_per_execution``,
+    where Keras calls the batch hook once per execution).  Works with a
+    learning-rate schedule (its value is scaled by the same factor).
 
     Args:
       initial_lr: the learning rate after warmup (usually the single-process rate
@@ -388,6 +390,11 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if epoch == self.end_epoch - 1:
+            # The warmup ends at initial_lr exactly, also where the last batch
+            # hook came before the last batch (compile(steps_per_execution=N)
+            # calls it once per N batches): the rate stays there afterwards.
+            self._adjust(self.end_epoch - 1.0 / self.steps_per_epoch)
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g."
