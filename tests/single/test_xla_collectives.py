@@ -192,3 +192,23 @@ def test_xla_ops_off_refuses_at_trace_time(var):
     assert "TFHVD_ENABLE_XLA_OPS (or HOROVOD_ENABLE_XLA_OPS) is 0" in message, message
     assert "separate tf.function(jit_compile=True)" in message, message  # the workaround
     assert "unsupported op" not in message.lower(), message
+
+
+def test_tensorflow_used_before_the_library_loads():
+    """XLA makes its ops' JIT kernels once, at TensorFlow's first op; tfhvd's
+    library loads later (hvd.init()).  Its allreduce must still compile into a
+    jit function (it raised TensorFlow's 'unsupported operations' error)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import tensorflow as tf
+        print("before", (tf.ones([2]) * 2).numpy(), tf.function(lambda x: x + 1)(tf.ones([1])))
+        import tfhvd.tensorflow as hvd
+        hvd.init()
+        f = tf.function(lambda x: hvd.allreduce(x * 3.0, op=hvd.Sum), jit_compile=True)
+        print("RESULT", f(tf.ones([2])).numpy().tolist())
+        print("HLO", 'custom_call_target="tfhvd_allreduce"' in
+              f.experimental_get_compiler_ir(tf.ones([2]))(stage="hlo"))
+    """)], capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items()
+             if not k.startswith(("OMPI_", "PMIX_", "PMI_", "TFHVD_", "HOROVOD_"))})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT [3.0, 3.0]" in out.stdout and "HLO True" in out.stdout, out.stdout

@@ -127,7 +127,8 @@ class BroadcastGlobalVariablesCallbackImpl:
         self._after_first_batch = True
         if basics.rank() == 0:
             print("tfhvd: BroadcastGlobalVariablesCallback: model '%s' has no weights before "
-                  "training (build it first, e.g. model.build(input_shape)); broadcasting "
+                  "training (give it an Input, or call it once on a batch, model(x[:1]), "
+                  "before fit); broadcasting "
                   "after its first batch" % self.model.name, file=sys.stderr)
 
     def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:

@@ -29,6 +29,7 @@
 
 #include "kernels.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla/hlo/builder/xla_builder.h"
@@ -207,6 +208,42 @@ class XlaAllreduce : public XlaOpKernel {
 
 REGISTER_XLA_OP(Name("HorovodAllreduce").Device(DEVICE_CPU_XLA_JIT), XlaAllreduce);
 REGISTER_XLA_OP(Name("HorovodGroupedAllreduce").Device(DEVICE_CPU_XLA_JIT), XlaAllreduce);
+
+// XLA makes the JIT device's kernels of the ops registered with REGISTER_XLA_OP
+// once per process, the first time TensorFlow runs anything (one eager op is
+// enough).  A library loaded later, as this one is (hvd.init(), after the
+// user's first tensors), would find its XLA ops missing from the compiled
+// functions: "No registered 'HorovodAllreduce' OpKernel for XLA_CPU_JIT".  So
+// when the library loads after XLA made them (its own Identity has a JIT
+// kernel), it registers the JIT kernels of its two ops itself, as XLA would
+// have: the op's dtypes, the XLA kernel's factory.
+OpKernel* MakeXlaAllreduce(OpKernelConstruction* c) { return new XlaAllreduce(c); }
+
+class LateJitKernels {
+ public:
+  LateJitKernels() {
+    // KernelsRegisteredForOp lists each kernel as "device='...'".
+    if (KernelsRegisteredForOp("Identity").find(DEVICE_CPU_XLA_JIT) == std::string::npos) {
+      return;  // XLA will make them with its own, this library's included
+    }
+    for (const char* op : {"HorovodAllreduce", "HorovodGroupedAllreduce"}) {
+      const KernelDef* kdef =
+          KernelDefBuilder(op)
+              .Device(DEVICE_CPU_XLA_JIT)
+              .TypeConstraint("T", {DT_UINT8, DT_INT8, DT_UINT16, DT_INT16, DT_INT32, DT_INT64,
+                                    DT_HALF, DT_BFLOAT16, DT_FLOAT, DT_DOUBLE})
+              .Build();
+      // The registrar owns the KernelDef from here.
+      registrars_.push_back(std::make_unique<kernel_factory::OpKernelRegistrar>(
+          kdef, "XlaAllreduce", &MakeXlaAllreduce));
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<kernel_factory::OpKernelRegistrar>> registrars_;
+};
+
+LateJitKernels late_jit_kernels;
 
 }  // namespace
 }  // namespace tfhvd_kernels
