@@ -135,11 +135,8 @@ class BroadcastGlobalVariablesCallbackImpl:
         # Fallback for models without weights at on_train_begin: broadcast before
         # the second batch, whatever its index (it is 0 again in the next epoch);
         # a batch-end hook would turn off Keras's asynchronous callbacks.
-        if self._after_first_batch and not self.broadcast_done:
-            if self._first_batch_seen:
-                self._broadcast_after_first_batch()
-            else:
-                self._first_batch_seen = True
+        self._broadcast_after_first_batch()
+        self._first_batch_seen = True
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._broadcast_after_first_batch()
