@@ -277,6 +277,26 @@ def test_warmup_ends_at_initial_lr_with_steps_per_execution():
     assert rates[0] < 0.2 or n == 1
 
 
+def test_warmup_end_keeps_a_rate_another_callback_set():
+    """ReduceLROnPlateau placed before the warmup in the list: a cut it makes at
+    the warmup's last epoch end stays (the warmup's end-of-warmup setting only
+    replaces a rate the warmup itself set)."""
+    r, n = hvd.rank(), hvd.size()
+    x, y = kc.rank_data(n)
+    model = kc.build_model(keras, seed=100 + r)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=kc.LOSS)
+
+    class Cut(keras.callbacks.Callback):  # what ReduceLROnPlateau does on a plateau
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.optimizer.learning_rate = 0.05
+
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Cut(),
+                         hvd.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=2)])
+    np.testing.assert_allclose(kc.lr_value(model.optimizer), 0.05, rtol=1e-6)
+
+
 def test_warmup_scales_a_learning_rate_schedule():
     r, n = hvd.rank(), hvd.size()
     x, y = kc.rank_data(n)

@@ -20,12 +20,17 @@ def check(code: str, expected: int = 2):
 
 def test_import_after_tensorflow_keras_imports():
     check("""
+        import tensorflow as tf
         from tensorflow.keras.optimizers import Optimizer
         from tensorflow.keras import layers
         import tfhvd.tensorflow.keras as hvd
         hvd.init()
         say("ok", hvd.callbacks.BroadcastGlobalVariablesCallback.__module__ is not None)
-    """)
+        # What tf.keras.models.load_model needs for a file saved with a
+        # DistributedOptimizer (or mid-fit by the LR callbacks): registered on import.
+        say("ok", {"tfhvd>DistributedOptimizer", "tfhvd>ScaledSchedule"}
+            <= set(tf.keras.utils.get_custom_objects()))
+    """, expected=4)
 
 
 def test_unbuilt_sequential_starts_from_rank_0_weights():

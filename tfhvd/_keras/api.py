@@ -170,6 +170,7 @@ def api_for(keras_module: ModuleType) -> SimpleNamespace:
     flavor = _flavor.flavor_of_module(keras_module)
     api = _APIS.get(flavor)
     if api is None:
+        loader_class(flavor)  # `keras.models.load_model` finds saved DistributedOptimizers
         callbacks = dict(callback_classes(flavor), **async_callback_classes(flavor))
         api = SimpleNamespace(flavor=flavor, SyncBatchNormalization=sync_batch_norm_class(flavor),
                               **callbacks)

@@ -233,6 +233,7 @@ class LearningRateScheduleCallbackImpl:
         else:
             self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
         self._schedule_factor: Optional[tf.Variable] = None
+        self._last_lr: Optional[float] = None  # the constant rate this callback last set
         self._original_schedule = None
         self._momentum_fn = None
 
@@ -263,9 +264,10 @@ class LearningRateScheduleCallbackImpl:
     def _install_scaled_schedule(self, opt: Any, schedule: Any) -> None:
         """Puts ``schedule * factor`` in place of the optimizer's schedule."""
         scaled_cls = scaled_schedule_class(_flavor.flavor_of(opt))
-        if isinstance(schedule, scaled_cls):  # left from an earlier interrupted fit
-            self._schedule_factor = schedule.factor
-            return
+        if isinstance(schedule, scaled_cls):
+            # Left by a fit that stopped before on_train_end, or loaded from a
+            # checkpoint saved during a fit: the user's schedule is inside it.
+            schedule = schedule.schedule
         self._original_schedule = schedule
         self._schedule_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32,
                                             name="tfhvd_lr_factor")
@@ -296,6 +298,13 @@ class LearningRateScheduleCallbackImpl:
         if logs is not None:
             logs["lr"] = _current_lr(self._optimizer())
 
+    def _rate_is_ours(self) -> bool:
+        """Whether the rate is still what this callback last set (a schedule's
+        factor only this callback sets)."""
+        if self._schedule_factor is not None or self._last_lr is None:
+            return True
+        return _current_lr(self._optimizer()) == self._last_lr
+
     # ------------------------------------------------------------ the change
 
     def _adjust(self, epoch: float) -> None:
@@ -309,6 +318,7 @@ class LearningRateScheduleCallbackImpl:
             old = _current_lr(opt)
             new = self.initial_lr * value
             opt.learning_rate = new
+            self._last_lr = _current_lr(opt)
         if self.momentum_correction and old > 0 and new != old:
             self._correct_momentum(opt, new / old)
 
@@ -388,10 +398,12 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        if epoch == self.end_epoch - 1:
+        if epoch == self.end_epoch - 1 and self._rate_is_ours():
             # The warmup ends at initial_lr exactly, also where the last batch
             # hook came before the last batch (compile(steps_per_execution=N)
             # calls it once per N batches): the rate stays there afterwards.
+            # Not over a rate that another callback set since (ReduceLROnPlateau
+            # placed before this one in the list).
             self._adjust(self.end_epoch - 1.0 / self.steps_per_epoch)
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
@@ -450,6 +462,7 @@ def callback_classes(flavor: str) -> Dict[str, type]:
     if classes is not None:
         return classes
     api = _flavor.public_api(flavor)
+    scaled_schedule_class(flavor)  # registered now: a checkpoint made mid-fit can hold it
     callback, checkpoint = api.callbacks.Callback, api.callbacks.ModelCheckpoint
     bases = {
         "BroadcastGlobalVariablesCallback": (BroadcastGlobalVariablesCallbackImpl, callback),
@@ -477,7 +490,13 @@ def scaled_schedule_class(flavor: str) -> type:
     api = _flavor.public_api(flavor)
 
     class ScaledSchedule(api.optimizers.schedules.LearningRateSchedule):
-        """``schedule(step) * factor``; the factor is set by the tfhvd LR callbacks."""
+        """``schedule(step) * factor``; the factor is set by the tfhvd LR callbacks.
+
+        It is the optimizer's schedule only during ``fit``, but a checkpoint
+        saved then holds it: it saves the user's schedule and the factor of
+        that moment (as a constant learning rate would be saved), and the
+        callbacks of a resumed ``fit`` take the user's schedule back out.
+        """
 
         def __init__(self, schedule: Any, factor: Any) -> None:
             super().__init__()

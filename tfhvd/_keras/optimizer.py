@@ -152,7 +152,7 @@ def distributed_class(base: type, flavor: str) -> type:
         })
         saving = _flavor.get_registration_module(flavor)
         saving.register_keras_serializable(package="tfhvd", name="DistributedOptimizer")(cls)
-        saving.get_custom_objects()[REGISTERED_NAME] = loader_class(flavor)
+        loader_class(flavor)  # the registered name resolves to the loader, not to cls
         _CLASSES[key] = cls
     return cls
 
@@ -365,7 +365,11 @@ def _class_identity(base: type, flavor: str) -> Dict[str, Any]:
 
 def loader_class(flavor: str) -> type:
     """The class registered as ``tfhvd>DistributedOptimizer``: its ``from_config``
-    rebuilds the wrapped optimizer from its saved identity, then wraps it."""
+    rebuilds the wrapped optimizer from its saved identity, then wraps it.
+
+    Registered in the flavour's global custom objects when first made, which the
+    Keras faces do on import (``api_for``), so that ``keras.models.load_model``
+    finds it in a process that has not made a DistributedOptimizer yet."""
     loader = _LOADERS.get(flavor)
     if loader is not None:
         return loader
@@ -392,4 +396,6 @@ def loader_class(flavor: str) -> type:
             return {}
 
     _LOADERS[flavor] = DistributedOptimizerLoader
+    _flavor.get_registration_module(flavor).get_custom_objects()[REGISTERED_NAME] = \
+        DistributedOptimizerLoader
     return DistributedOptimizerLoader

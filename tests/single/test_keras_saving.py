@@ -1,0 +1,62 @@
+"""A model saved during ``fit`` loads in a fresh process with plain
+``keras.models.load_model`` once a tfhvd Keras face is imported, and training
+resumes from it with the learning-rate callbacks.
+
+The file is written and read by two fresh Pythons: the reader has made no
+DistributedOptimizer and run no callback, so only what importing the face
+registers can resolve the saved names (``tfhvd>DistributedOptimizer``, and
+``tfhvd>ScaledSchedule``, which a checkpoint taken while a learning-rate
+callback scales a schedule holds).
+"""
+
+import textwrap
+
+COMMON = """
+import numpy as np, keras
+import tfhvd.keras as hvd
+hvd.init()
+x = np.linspace(0, 1, 128, dtype="float32").reshape(32, 4)
+y = x.sum(axis=1, keepdims=True)
+"""
+
+SAVE = COMMON + """
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.9)
+model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(
+    keras.optimizers.SGD(schedule, momentum=0.9), compression=hvd.Compression.fp16))
+# ModelCheckpoint writes at on_epoch_end, while the warmup's ScaledSchedule is in place.
+model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[
+    hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=4),
+    keras.callbacks.ModelCheckpoint(PATH)])
+print("SAVED", type(model.optimizer._learning_rate).__name__)
+"""
+
+LOAD = COMMON + """
+model = keras.models.load_model(PATH)
+opt = model.optimizer
+print("LOADED", type(opt).__module__, type(opt._learning_rate).__name__,
+      type(opt._learning_rate.schedule).__name__,
+      hvd.load_model(PATH).optimizer.__class__.__module__)
+model.fit(x, y, batch_size=8, epochs=3, initial_epoch=2, verbose=0,
+          callbacks=[hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=4)])
+print("RESUMED", type(opt._learning_rate).__name__, bool(np.isfinite(model.evaluate(x, y, verbose=0))))
+"""
+
+
+def _run(python_run, code: str, path: str):
+    out = python_run(textwrap.dedent(code).replace("PATH", repr(path)),
+                     env={"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    return out.stdout
+
+
+def test_checkpoint_saved_during_fit_loads_and_resumes_in_a_fresh_process(python_run, tmp_path):
+    path = str(tmp_path / "ckpt.keras")
+    assert "SAVED ExponentialDecay" in _run(python_run, SAVE, path)  # restored after fit
+    out = _run(python_run, LOAD, path)
+    # The distributed optimizer and the checkpoint's scaled schedule come back
+    # without hvd.load_model's custom objects; the resumed fit's warmup takes the
+    # user's schedule back out of it and leaves that in place.
+    assert "LOADED tfhvd._keras.optimizer ScaledSchedule ExponentialDecay tfhvd._keras.optimizer" \
+        in out, out
+    assert "RESUMED ExponentialDecay True" in out, out
