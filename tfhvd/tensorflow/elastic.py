@@ -30,7 +30,8 @@ from tfhvd.common.elastic import State, run_fn
 from tfhvd.common.elastic_data import ElasticBatches
 from tfhvd.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from tfhvd.common import elastic_worker as _worker
-from tfhvd.tensorflow.functions import broadcast_object, broadcast_variables
+from tfhvd.tensorflow.functions import (broadcast_object, broadcast_object_fn,
+                                       broadcast_variables)
 
 # The TensorFlow errors a collective fails with when a peer is lost or the
 # runtime was shut down under it (the core's Aborted and Internal statuses).
@@ -208,25 +209,74 @@ class TensorFlowKerasState(_VariablesState):
 class TensorFlowState(_VariablesState):
     """The state of a list of ``tf.Variable`` objects, plus any keyword values.
 
-    TensorFlow 2 has no global variable collection, so ``variables`` must be given.
+    Eagerly (TensorFlow 2) ``variables`` must be given: there is no global
+    variable collection.  In a TensorFlow 1 graph (``tf.compat.v1``, as in
+    Horovod's session programs) ``variables`` defaults to the graph's global
+    variables and every read, restore and broadcast runs in ``session``
+    (default: the default session at that moment); the ops are built here, so
+    make the state before the graph is finalized.
     """
 
     def __init__(self, variables: Optional[Iterable[tf.Variable]] = None, session: Any = None,
                  **kwargs: Any) -> None:
-        if variables is None:
-            raise ValueError("TensorFlowState needs variables=[...]: TensorFlow 2 has no global "
-                             "variable collection to default to")
-        if session is not None:
-            raise ValueError("TensorFlowState: sessions (TensorFlow 1 graphs) are not supported")
-        self.variables = list(variables)
+        self.session = session
+        self._graph_ops: Optional[Tuple[Any, list, Any]] = None
+        if tf.executing_eagerly():
+            if variables is None:
+                raise ValueError("TensorFlowState needs variables=[...]: TensorFlow 2 has no "
+                                 "global variable collection to default to")
+            if session is not None:
+                raise ValueError("TensorFlowState(session=...) is for TensorFlow 1 graphs; "
+                                 "eagerly, give variables=[...] only")
+            self.variables = list(variables)
+        else:
+            self.variables = list(variables if variables is not None
+                                  else tf.compat.v1.global_variables())
+            self._graph_ops = self._build_graph_ops()
+            kwargs.setdefault("bcast_object", broadcast_object_fn(session=session,
+                                                                  name="TensorFlowState"))
         self._save_variables()
         super().__init__(**kwargs)
+
+    def _build_graph_ops(self) -> Tuple[Any, list, Any]:
+        """The broadcast op, and the placeholders and op that assign saved values."""
+        feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in self.variables]
+        assign = tf.group(*[v.assign(f) for v, f in zip(self.variables, feeds)])
+        bcast = broadcast_variables(self.variables, root_rank=0) if self.variables else None
+        return bcast, feeds, assign
+
+    def _session(self) -> Any:
+        sess = self.session or tf.compat.v1.get_default_session()
+        if sess is None:
+            raise RuntimeError("TensorFlowState in a TensorFlow 1 graph needs a session: pass "
+                               "session= or use it inside `with tf.compat.v1.Session():`")
+        return sess
 
     def _variables(self) -> list:
         return self.variables
 
-    def _broadcast(self) -> None:
+    def _save_variables(self) -> None:
+        if self._graph_ops is None:
+            super()._save_variables()
+            return
+        values = self._session().run(self.variables) if self.variables else []
+        self._saved_vars = [(v, np.array(x, copy=True)) for v, x in zip(self.variables, values)]
+
+    def restore(self) -> None:
+        if self._graph_ops is None:
+            super().restore()
+            return
+        _, feeds, assign = self._graph_ops
         if self.variables:
+            self._session().run(assign, feed_dict={f: value for f, (_, value)
+                                                   in zip(feeds, self._saved_vars)})
+        ObjectState.restore(self)
+
+    def _broadcast(self) -> None:
+        if self._graph_ops is not None:
+            if self._graph_ops[0] is not None:
+                self._session().run(self._graph_ops[0])
+        elif self.variables:
             broadcast_variables(self.variables, root_rank=0)
 
 
