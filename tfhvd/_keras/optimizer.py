@@ -152,7 +152,8 @@ def distributed_class(base: type, flavor: str) -> type:
         })
         saving = _flavor.get_registration_module(flavor)
         saving.register_keras_serializable(package="tfhvd", name="DistributedOptimizer")(cls)
-        loader_class(flavor)  # the registered name resolves to the loader, not to cls
+        # That put cls under the registered name: the name must resolve to the loader.
+        saving.get_custom_objects()[REGISTERED_NAME] = loader_class(flavor)
         _CLASSES[key] = cls
     return cls
 
