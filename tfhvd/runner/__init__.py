@@ -5,7 +5,7 @@ this machine or on other hosts over ssh::
 
     tfhvdrun -np 4 -H hostA:2,hostB:2 python train.py
 
-``tfhvd.run(fn, args, kwargs, np=..., hosts=...)`` runs a Python function on
+``tfhvd.run(func, args, kwargs, num_proc=..., hosts=...)`` runs a Python function on
 every rank and returns the list of results.  Importing this package does not
 import TensorFlow, and none of its modules is loaded until one of its names
 is used (PEP 562): a training process that imports ``tfhvd.runner.gloo`` or

@@ -11,7 +11,7 @@ back each rank's return value, like ``horovod.run``.
         ...
         return hvd.rank(), final_loss
 
-    results = tfhvd.run(train, args=(0.1,), np=2)   # [(0, loss0), (1, loss1)]
+    results = tfhvd.run(train, args=(0.1,), num_proc=2)   # [(0, loss0), (1, loss1)]
 """
 
 import os
@@ -19,7 +19,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import task
-from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.args import UsageError, merge_alias, parse_args
 from tfhvd.runner.common import RunError, attach_payload  # noqa: F401  (re-exported)
 from tfhvd.runner.hosts import HostError
 from tfhvd.runner.launch import LaunchError, choose_gloo, job_env, prepare, run_gloo, run_job
@@ -56,9 +56,9 @@ class _Collector:
         return ok, task.decode(data)
 
 
-def _launcher_argv(np: int, hosts: Optional[str], hostfile: Optional[str],
+def _launcher_argv(num_proc: int, hosts: Optional[str], hostfile: Optional[str],
                    options: Mapping[str, Any], command: Sequence[str]) -> List[str]:
-    argv = ["-np", str(np)]
+    argv = ["-np", str(num_proc)]
     if hosts:
         argv += ["-H", hosts]
     if hostfile:
@@ -77,56 +77,80 @@ def _launcher_argv(np: int, hosts: Optional[str], hostfile: Optional[str],
     return argv + ["--"] + list(command)
 
 
-def run(fn: Callable[..., Any], args: Sequence[Any] = (),
-        kwargs: Optional[Mapping[str, Any]] = None, np: int = 1,
-        hosts: Optional[str] = None, *, hostfile: Optional[str] = None,
-        start_timeout: Optional[int] = None, ssh_port: Optional[int] = None,
-        ssh_identity_file: Optional[str] = None, network_interface: Optional[str] = None,
-        mpi_args: Optional[str] = None, output_filename: Optional[str] = None,
-        disable_cache: Optional[bool] = None, verbose: bool = False,
-        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
-        executable: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-        timeout: Optional[float] = None, stdout: Optional[TextIO] = None,
-        stderr: Optional[TextIO] = None,
+def run(func: Callable[..., Any], args: Sequence[Any] = (),
+        kwargs: Optional[Mapping[str, Any]] = None, num_proc: Optional[int] = None,
+        min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
+        slots: Optional[int] = None, reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Any] = None, hosts: Optional[str] = None,
+        hostfile: Optional[str] = None, start_timeout: Optional[int] = None,
+        ssh_port: Optional[int] = None, ssh_identity_file: Optional[str] = None,
+        disable_cache: Optional[bool] = None, output_filename: Optional[str] = None,
+        verbose: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        use_mpi: Optional[bool] = None, mpi_args: Optional[str] = None,
+        network_interface: Optional[str] = None, executable: Optional[str] = None,
+        np: Optional[int] = None, min_np: Optional[int] = None, max_np: Optional[int] = None,
+        *, env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+        stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+        host_discovery_script: Optional[str] = None, elastic_timeout: Optional[int] = None,
         **elastic: Any) -> List[Any]:
-    """Runs ``fn(*args, **kwargs)`` on ``np`` ranks and returns the list of
-    their return values, indexed by rank.
+    """Runs ``func(*args, **kwargs)`` on ``num_proc`` ranks (default 1) and
+    returns the list of their return values, indexed by rank.
 
-    ``fn`` usually calls ``hvd.init()`` itself.  It, its arguments and its
-    results travel pickled (with cloudpickle when installed, so functions
-    defined in a script or a notebook work; otherwise ``fn`` must be
-    importable by module name on every host).  The other arguments are
-    ``tfhvdrun``'s: ``hosts="a:2,b:2"``, ``hostfile``, ``start_timeout``,
-    ``ssh_port``, ``ssh_identity_file``, ``network_interface``, ``mpi_args``,
-    ``output_filename``, ``verbose``; ``env`` replaces the environment the
-    ranks start from (default: this process's); ``executable`` is the Python
-    to run on the ranks (default: this one); after ``timeout`` seconds the
-    job is stopped.  ``use_gloo=True`` runs it without MPI (``tfhvdrun
-    --gloo``), ``use_mpi=True`` under mpirun; neither: tfhvdrun's default.
+    The parameters are ``horovod.run``'s, with its names in its order
+    (``np``, ``min_np`` and ``max_np`` are Horovod's older names for
+    ``num_proc``, ``min_num_proc`` and ``max_num_proc``; giving both names
+    with different values is an error).  ``func`` usually calls
+    ``hvd.init()`` itself.  It, its arguments and its results travel
+    pickled (with cloudpickle when installed, so functions defined in a
+    script or a notebook work; otherwise ``func`` must be importable by
+    module name on every host).  The others are ``tfhvdrun``'s flags:
+    ``hosts="a:2,b:2"``, ``hostfile``, ``start_timeout``, ``ssh_port``,
+    ``ssh_identity_file``, ``network_interface``, ``mpi_args``,
+    ``output_filename``, ``verbose``, ``disable_cache``; ``executable`` is
+    the Python to run on the ranks (default: this one).  ``use_gloo=True``
+    runs the job without MPI (``tfhvdrun --gloo``), ``use_mpi=True`` under
+    mpirun; neither: tfhvdrun's default.  ``min_num_proc``,
+    ``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range`` (and
+    tfhvd's ``host_discovery_script``, ``elastic_timeout``) make it an
+    elastic job.
+
+    tfhvd's own keyword-only arguments: ``env`` replaces the environment
+    the ranks start from (default: this process's); after ``timeout``
+    seconds the job is stopped; ``stdout``/``stderr`` receive the ranks'
+    output.
 
     Raises :class:`RunError` naming the rank that failed first (its
     traceback in ``remote_traceback``), or ``ValueError`` for arguments that
-    cannot run (bad host list, ``np`` larger than the slots, no mpirun,
-    unreachable host).
+    cannot run (bad host list, ``num_proc`` larger than the slots, no
+    mpirun, unreachable host).
     """
+    num_proc = merge_alias("num_proc", num_proc, "np", np)
+    num_proc = 1 if num_proc is None else num_proc
+    elastic.update(min_num_proc=merge_alias("min_num_proc", min_num_proc, "min_np", min_np),
+                   max_num_proc=merge_alias("max_num_proc", max_num_proc, "max_np", max_np),
+                   slots=slots, reset_limit=reset_limit, cooldown_range=cooldown_range,
+                   host_discovery_script=host_discovery_script,
+                   elastic_timeout=elastic_timeout)
     if any(v is not None for v in elastic.values()):
         from tfhvd.runner.elastic.api import run_elastic_fn
 
-        return run_elastic_fn(fn, args, kwargs, np=np, hosts=hosts, env=env,
+        return run_elastic_fn(func, args, kwargs, num_proc=num_proc, hosts=hosts, env=env,
                               executable=executable, timeout=timeout, stdout=stdout,
-                              stderr=stderr, verbose=verbose, **elastic)
+                              stderr=stderr, verbose=bool(verbose), **elastic)
+    if hosts is not None and hostfile is not None:
+        raise ValueError("tfhvd.run(): give hosts or hostfile, not both")
     if use_gloo and use_mpi:
         raise ValueError("tfhvd.run(): give use_gloo=True or use_mpi=True, not both")
-    if not callable(fn):
-        raise TypeError("tfhvd.run() needs a function, got %r" % (fn,))
+    if not callable(func):
+        raise TypeError("tfhvd.run() needs a function, got %r" % (func,))
     base_env = dict(os.environ if env is None else env)
-    payload_file = attach_payload(fn, args, kwargs, base_env)
+    payload_file = attach_payload(func, args, kwargs, base_env)
     command = [executable or sys.executable, "-m", "tfhvd.runner.task"]
     options = dict(start_timeout=start_timeout, ssh_port=ssh_port,
                    ssh_identity_file=ssh_identity_file, network_interface=network_interface,
                    mpi_args=mpi_args, output_filename=output_filename,
                    disable_cache=disable_cache, verbose=verbose)
-    argv = _launcher_argv(np, hosts, hostfile, options, command)
+    argv = _launcher_argv(num_proc, hosts, hostfile, options, command)
     if use_gloo or use_mpi:
         argv.insert(0, "--gloo" if use_gloo else "--mpi")
     try:
@@ -137,7 +161,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
                 collector, tracker = _Collector(), FailureTracker()
                 code = run_gloo(parsed, base_env, stdout=stdout, stderr=stderr,
                                 on_line=collector, tracker=tracker, timeout=timeout)
-                return _results(collector, tracker, np, code)
+                return _results(collector, tracker, num_proc, code)
             cmd = prepare(argv, base_env)
         except (UsageError, HostError) as e:
             raise ValueError("tfhvd.run(): %s" % e) from None
@@ -153,14 +177,15 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (),
     finally:
         if payload_file:
             os.unlink(payload_file)
-    return _results(collector, tracker, np, code)
+    return _results(collector, tracker, num_proc, code)
 
 
-def _results(collector: _Collector, tracker: FailureTracker, np: int, code: int) -> List[Any]:
+def _results(collector: _Collector, tracker: FailureTracker, num_proc: int,
+             code: int) -> List[Any]:
     values: List[Any] = []
     failures: List[Tuple[int, Dict[str, str]]] = []
     missing: List[int] = []
-    for rank in range(np):
+    for rank in range(num_proc):
         r = collector.result(rank)
         if r is None:
             missing.append(rank)

@@ -10,6 +10,7 @@ failure prints which rank failed first.
 """
 
 import argparse
+import io
 import os
 import shlex
 import shutil
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import hosts as hostlib
@@ -80,7 +82,8 @@ def build_mpirun_command(args: argparse.Namespace, env: Mapping[str, str],
       slot count, not the core count, decides how many ranks fit;
     * ``--bind-to none --map-by slot``: TensorFlow sizes its thread pools to
       the machine, so a rank pinned to one core (mpirun's default for
-      ``-np`` <= 2) would run several times slower;
+      ``-np`` <= 2) would run several times slower; ``--binding-args``
+      replaces both;
     * ``--mca pml ob1 --mca btl ^openib``: the byte-transfer layers that
       ``--network-interface`` steers (UCX would pick interfaces itself);
     * ssh port and key as ``plm_rsh_args``; ``--network-interface`` as
@@ -88,7 +91,8 @@ def build_mpirun_command(args: argparse.Namespace, env: Mapping[str, str],
       names also NCCL_SOCKET_IFNAME and TFHVD_SOCKET_IFNAME;
     * ``-x NAME`` for every forwarded variable (PATH, LD_LIBRARY_PATH,
       PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_*, TF_*) and ``-x NAME=VALUE`` for
-      the settings the flags make;
+      the settings the flags make (``--tcp``: ``NCCL_IB_DISABLE=1``; Open MPI
+      itself already runs over ob1's TCP, as horovodrun leaves it);
     * then ``--mpi-args`` (each default above is left out when ``--mpi-args``
       sets the same option) and the command.
 
@@ -104,10 +108,14 @@ def build_mpirun_command(args: argparse.Namespace, env: Mapping[str, str],
     cmd.append("--tag-output")
     hosts = resolve_hosts(args)
     cmd += ["-np", str(args.num_proc), "-H", hostlib.format_hosts(hosts)]
-    if not _has_option(mpi_args, _BINDING_OPTS):
-        cmd += ["--bind-to", "none"]
-    if not _has_option(mpi_args, _MAPPING_OPTS):
-        cmd += ["--map-by", "slot"]
+    if args.binding_args:
+        # horovodrun --binding-args: the user's binding in place of tfhvdrun's.
+        cmd += split_mpi_args(args.binding_args, "--binding-args")
+    else:
+        if not _has_option(mpi_args, _BINDING_OPTS):
+            cmd += ["--bind-to", "none"]
+        if not _has_option(mpi_args, _MAPPING_OPTS):
+            cmd += ["--map-by", "slot"]
     if not _has_mca(mpi_args, "pml"):
         cmd += ["--mca", "pml", "ob1"]
     if not _has_mca(mpi_args, "btl"):
@@ -314,9 +322,10 @@ def run_gloo(args: argparse.Namespace, env: Mapping[str, str], **job: Any) -> in
     timeout)."""
     from tfhvd.runner.gloo.job import run_gloo_job
 
-    if args.mpi_args:
-        raise UsageError("--mpi-args %r: a --gloo job runs without mpirun; drop --mpi-args or "
-                         "use --mpi" % args.mpi_args)
+    for flag, value in (("--mpi-args", args.mpi_args), ("--binding-args", args.binding_args)):
+        if value:
+            raise UsageError("%s %r: a --gloo job runs without mpirun; drop %s or use --mpi"
+                             % (flag, value, flag))
     iface = None
     if args.network_interface:
         iface = args.network_interface.split(",")[0]
@@ -363,6 +372,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = dict(os.environ)
     try:
         args = parse_args(argv)
+        for line in args.warnings:
+            print(line, file=sys.stderr, flush=True)
+        out, err = _streams(args)
         if args.check_build:
             from tfhvd.runner.check_build import check_build
 
@@ -372,9 +384,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_program(args.command, env)
             from tfhvd.runner.elastic.launch import run_elastic
 
-            return run_elastic(args, env)
+            return run_elastic(args, env, stdout=out, stderr=err)
         if choose_gloo(args, env):
-            return run_gloo(args, env)
+            return run_gloo(args, env, stdout=out, stderr=err)
         cmd = prepare(argv, env)
     except (UsageError, HostError) as e:
         msg = str(e)
@@ -388,8 +400,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return e.code
     if args.verbose:
         print("tfhvdrun: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    return run_job(cmd, job_env(env, args), output_dir=_output_dir(args))
+    return run_job(cmd, job_env(env, args), stdout=out, stderr=err,
+                   output_dir=_output_dir(args))
 
 
 def _output_dir(args: argparse.Namespace) -> Optional[str]:
     return os.path.abspath(args.output_filename) if args.output_filename else None
+
+
+class TimestampedStream(io.TextIOBase):
+    """A text stream that starts every line written to ``stream`` with the
+    time (``time.asctime()``, then the rank's tag: Horovod's
+    ``--prefix-output-with-timestamp`` form).  Writers hand it whole lines
+    (:class:`~tfhvd.runner.output.LineSink` does); a line written in pieces
+    is stamped once, at its first piece."""
+
+    def __init__(self, stream: TextIO, clock: Callable[[], str] = time.asctime) -> None:
+        super().__init__()
+        self._stream = stream
+        self._clock = clock
+        self._at_start = True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for part in text.splitlines(keepends=True):
+            if self._at_start:
+                pieces.append(self._clock())
+            pieces.append(part)
+            self._at_start = part.endswith("\n")
+        self._stream.write("".join(pieces))
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _streams(args: argparse.Namespace) -> Tuple[TextIO, TextIO]:
+    """Where the job's output goes: the terminal, stamped with
+    ``--prefix-output-with-timestamp``."""
+    if args.prefix_output_with_timestamp:
+        return TimestampedStream(sys.stdout), TimestampedStream(sys.stderr)
+    return sys.stdout, sys.stderr

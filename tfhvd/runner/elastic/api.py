@@ -1,4 +1,4 @@
-"""``tfhvd.run(fn, ..., min_np=, max_np=, host_discovery_script=)``: a function
+"""``tfhvd.run(func, ..., min_num_proc=, max_num_proc=, host_discovery_script=)``: a function
 run as an elastic job, as ``horovod.run`` takes it.
 
 The function travels as for a plain :func:`tfhvd.run` (pickled, run by
@@ -12,7 +12,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO
 
 from tfhvd.runner import task
-from tfhvd.runner.args import UsageError, parse_args
+from tfhvd.runner.args import UsageError, merge_alias, parse_args
 from tfhvd.runner.common import RunError, attach_payload
 
 # tfhvd.run keyword -> tfhvdrun flag (Horovod's names, and their long forms).
@@ -23,39 +23,51 @@ _FLAGS = {"min_np": "--min-np", "min_num_proc": "--min-np", "max_np": "--max-np"
           "elastic_timeout": "--elastic-timeout"}
 
 
-def elastic_argv(np: int, hosts: Optional[str], elastic: Mapping[str, Any],
+def elastic_argv(num_proc: int, hosts: Optional[str], elastic: Mapping[str, Any],
                  command: Sequence[str]) -> List[str]:
-    """The ``tfhvdrun`` command line for an elastic :func:`tfhvd.run` call."""
+    """The ``tfhvdrun`` command line for an elastic :func:`tfhvd.run` call
+    (``elastic``: its elastic keywords; an unknown one is a ``TypeError``)."""
     unknown = sorted(k for k in elastic if k not in _FLAGS)
     if unknown:
         raise TypeError("tfhvd.run() got unexpected keyword argument%s %s"
                         % ("" if len(unknown) == 1 else "s", ", ".join(unknown)))
-    argv = ["-np", str(np)]
+    argv = ["-np", str(num_proc)]
     if hosts:
         argv += ["-H", hosts]
+    given: Dict[str, Any] = {}
     for key, value in elastic.items():
         if value is None:
             continue
+        flag = _FLAGS[key]
+        if flag in given and given[flag][1] != value:
+            raise ValueError("tfhvd.run(): %s=%r disagrees with %s=%r" % (
+                key, value, given[flag][0], given[flag][1]))
+        given[flag] = (key, value)
+    for flag, (key, value) in given.items():
         if key == "cooldown_range":
             low, high = value.split(",") if isinstance(value, str) else value
-            argv += [_FLAGS[key], str(low), str(high)]
+            argv += [flag, str(low), str(high)]
             continue
-        argv += [_FLAGS[key], str(value)]
+        argv += [flag, str(value)]
     return argv + ["--"] + list(command)
 
 
 def run_elastic_fn(fn: Callable[..., Any], args: Sequence[Any] = (),
-                   kwargs: Optional[Mapping[str, Any]] = None, np: int = 1,
+                   kwargs: Optional[Mapping[str, Any]] = None, num_proc: Optional[int] = None,
                    hosts: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                    executable: Optional[str] = None, timeout: Optional[float] = None,
                    stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-                   verbose: bool = False, **elastic: Any) -> List[Any]:
-    """See the module docstring; raises ``RunError`` when the job fails."""
+                   verbose: bool = False, np: Optional[int] = None,
+                   **elastic: Any) -> List[Any]:
+    """See the module docstring; raises ``RunError`` when the job fails.
+    ``np`` is Horovod's older name for ``num_proc`` (default 1)."""
     from tfhvd.runner.elastic.launch import ElasticJob
 
     command = [executable or sys.executable, "-m", "tfhvd.runner.task"]
     try:
-        parsed = parse_args(elastic_argv(np, hosts, elastic, command))
+        num_proc = merge_alias("num_proc", num_proc, "np", np)
+        parsed = parse_args(elastic_argv(1 if num_proc is None else num_proc, hosts, elastic,
+                                         command))
     except UsageError as e:
         raise ValueError("tfhvd.run(): %s" % e) from None
     base_env: Dict[str, str] = dict(os.environ if env is None else env)
