@@ -39,9 +39,9 @@ def elastic_argv(num_proc: int, hosts: Optional[str], elastic: Mapping[str, Any]
         if value is None:
             continue
         flag = _FLAGS[key]
-        if flag in given and given[flag][1] != value:
-            raise ValueError("tfhvd.run(): %s=%r disagrees with %s=%r" % (
-                key, value, given[flag][0], given[flag][1]))
+        if flag in given:  # a keyword and its other name: equal, or a ValueError
+            new, old = sorted([given[flag], (key, value)], key=lambda kv: kv[0].endswith("_np"))
+            merge_alias(new[0], new[1], old[0], old[1])
         given[flag] = (key, value)
     for flag, (key, value) in given.items():
         if key == "cooldown_range":
