@@ -166,31 +166,63 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=3),
                                  backward_passes_per_step=2)
-    with pytest.raises(ValueError, match="filepath"):
-        hvd.callbacks.BestModelCheckpoint()
+    pathless = hvd.callbacks.BestModelCheckpoint()  # Horovod's estimator sets the path
+    with pytest.raises(ValueError, match="BestModelCheckpoint has no filepath"):
+        pathless.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+        pathless.on_train_begin()
     with pytest.raises(ValueError, match="root_rank"):
         hvd.callbacks.BroadcastGlobalVariablesCallback(hvd.size())
 
 
 _BEFORE_INIT = r"""
-import json, keras
+import json, keras, numpy as np
 import tfhvd.keras as hvd
-cases = {
-    "DistributedOptimizer": lambda: hvd.DistributedOptimizer(keras.optimizers.SGD()),
+# Horovod's callbacks are made before hvd.init() (on a Spark driver, for its
+# estimator): making them works; training with them before init does not.
+callbacks = {
     "BroadcastGlobalVariablesCallback": lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0),
     "MetricAverageCallback": lambda: hvd.callbacks.MetricAverageCallback(),
     "LearningRateWarmupCallback": lambda: hvd.callbacks.LearningRateWarmupCallback(0.1),
     "LearningRateScheduleCallback": lambda: hvd.callbacks.LearningRateScheduleCallback(0.1, 0.5),
     "BestModelCheckpoint": lambda: hvd.callbacks.BestModelCheckpoint(filepath="x.keras"),
+}
+cases = {
+    "DistributedOptimizer": lambda: hvd.DistributedOptimizer(keras.optimizers.SGD()),
     "load_model": lambda: hvd.load_model("x.keras"),
 }
+made = {}
+for name, make in callbacks.items():
+    try:
+        made[name] = make()
+    except Exception as e:
+        made[name] = "made: %s: %s" % (type(e).__name__, e)
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+x, y = np.ones((4, 2), "float32"), np.ones((4, 1), "float32")
+for name, cb in made.items():
+    if isinstance(cb, str):
+        cases[name] = lambda cb=cb: cb
+    else:
+        cases[name] = lambda cb=cb: model.fit(x, y, epochs=1, verbose=0, callbacks=[cb])
 out = {}
 for name, make in cases.items():
     try:
-        make()
-        out[name] = "no error"
+        result = make()
+        out[name] = result if isinstance(result, str) else "no error"
     except Exception as e:
         out[name] = "%s: %s" % (type(e).__name__, e)
+# After init, the callbacks made before it train, and a pathless
+# BestModelCheckpoint writes where .filepath was set later.
+import os, sys, tempfile
+hvd.init()
+path = os.path.join(tempfile.mkdtemp(), "best.keras")
+pathless = hvd.callbacks.BestModelCheckpoint(monitor="loss")
+pathless.filepath = path
+history = model.fit(x, y, epochs=2, verbose=0, callbacks=[
+    made["BroadcastGlobalVariablesCallback"], made["MetricAverageCallback"],
+    made["LearningRateWarmupCallback"], pathless])
+out["after init"] = "trained, best model written" if os.path.exists(path) else \
+    "no file at %s" % path
 print("RESULT " + json.dumps(out))
 """
 
@@ -204,9 +236,12 @@ def test_using_the_api_before_init_says_to_call_init():
                           text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-2000:]
-    for name, outcome in json.loads(lines[-1][len("RESULT "):]).items():
-        assert outcome.startswith("NotInitializedError") and "hvd.init()" in outcome, \
-            (name, outcome)
+    outcomes = json.loads(lines[-1][len("RESULT "):])
+    assert outcomes.pop("after init") == "trained, best model written", outcomes
+    assert len(outcomes) == 7, outcomes
+    for name, outcome in outcomes.items():
+        assert outcome.startswith("NotInitializedError") and name in outcome \
+            and "hvd.init()" in outcome, (name, outcome)
 
 
 # ------------------------------------------------------------------ save / load

@@ -23,10 +23,14 @@ _CLASSES: Dict[str, Dict[str, type]] = {}
 
 
 def _check_root(root_rank: Any) -> int:
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
-            or not 0 <= root_rank < basics.size():
-        raise ValueError("root_rank must be a rank in [0, %d); got %r"
-                         % (basics.size(), root_rank))
+    """``root_rank`` if it is a rank of the job; before ``hvd.init()`` (a callback
+    made on a Spark driver, as Horovod's estimator examples do) only its type
+    and sign are known, and ``on_train_begin`` checks it again."""
+    size = basics.size() if basics.is_initialized() else None
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0 \
+            or (size is not None and root_rank >= size):
+        raise ValueError("root_rank must be a rank in [0, %s); got %r"
+                         % (size if size is not None else "size()", root_rank))
     return root_rank
 
 
@@ -94,7 +98,6 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     def __init__(self, root_rank: int = 0, device: str = "",
                  local_variables: Any = None, *, process_set: Any = None) -> None:
-        require_initialized("BroadcastGlobalVariablesCallback")
         super().__init__()
         self.process_set = process_set
         self.root_rank = _check_root(root_rank)
@@ -119,6 +122,8 @@ class BroadcastGlobalVariablesCallbackImpl:
         self._local_vars.add(_var_key(var))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        require_initialized("BroadcastGlobalVariablesCallback")
+        _check_root(self.root_rank)
         if self.broadcast_done:
             return
         if broadcast_model_state(self.model, self.root_rank, self._local_vars, self.process_set):
@@ -167,10 +172,12 @@ class MetricAverageCallbackImpl:
     """
 
     def __init__(self, device: str = "", *, process_set: Any = None) -> None:
-        require_initialized("MetricAverageCallback")
         super().__init__()
         self.device = device
         self.process_set = process_set
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        require_initialized("MetricAverageCallback")
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if logs is None:
@@ -219,7 +226,6 @@ class LearningRateScheduleCallbackImpl:
                  start_epoch: int = 0, end_epoch: Optional[int] = None,
                  staircase: bool = True, momentum_correction: bool = True,
                  steps_per_epoch: Optional[int] = None) -> None:
-        require_initialized(type(self).__name__)
         super().__init__()
         self.initial_lr = initial_lr
         self.start_epoch = start_epoch
@@ -250,6 +256,7 @@ class LearningRateScheduleCallbackImpl:
                          "steps_per_epoch=..." % type(self).__name__)
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        require_initialized(type(self).__name__)
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self._autodetect_steps_per_epoch()
         opt = self._optimizer()
@@ -416,28 +423,44 @@ class BestModelCheckpointImpl:
     on rank 0 only (the other ranks do nothing).  Put MetricAverageCallback
     before it so that the monitored value is the average over ranks.
 
+    It can be made before ``hvd.init()`` and without a ``filepath``, as
+    Horovod's Spark estimator examples do on the driver: the estimator (or the
+    user, through ``.filepath``) sets the path before training; ``fit`` with
+    none left raises a ValueError.
+
     Args:
       monitor, verbose, mode, save_freq: as for ``keras.callbacks.ModelCheckpoint``.
       filepath: where to write (``.keras`` for a model, ``.weights.h5`` with
-        ``save_weights_only=True`` in Keras 3); required.
+        ``save_weights_only=True`` in Keras 3).
       save_weights_only: write only the weights.
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
                  save_freq: Union[str, int] = "epoch", filepath: Optional[str] = None,
                  save_weights_only: bool = False) -> None:
-        require_initialized("BestModelCheckpoint")
-        if filepath is None:
-            raise ValueError("BestModelCheckpoint needs filepath=..., e.g. "
-                             "BestModelCheckpoint(filepath='best.keras')")
-        self._is_root = basics.rank() == 0
-        super().__init__(filepath=filepath, monitor=monitor,
-                         verbose=verbose if self._is_root else 0, save_best_only=True,
+        # ModelCheckpoint checks a path's extension when it is made: a missing
+        # path passes that check as a placeholder of the right kind, then is
+        # unset again until the estimator or the user sets one.
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath=placeholder if filepath is None else filepath,
+                         monitor=monitor, verbose=verbose, save_best_only=True,
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        if filepath is None:
+            self.filepath = None
+        self._is_root = False  # decided when training begins (ranks change in elastic jobs)
 
     def on_train_begin(self, logs=None):
+        require_initialized("BestModelCheckpoint")
+        if self.filepath is None:
+            raise ValueError("BestModelCheckpoint has no filepath: pass filepath=... "
+                             "(e.g. BestModelCheckpoint(filepath='best.keras')) or set its "
+                             ".filepath before fit (tfhvd.spark.keras.KerasEstimator sets it "
+                             "for its checkpoint_callback)")
+        self._is_root = basics.rank() == 0
         if self._is_root:
             super().on_train_begin(logs)
+        else:
+            self.verbose = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._is_root:
