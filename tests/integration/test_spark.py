@@ -16,6 +16,7 @@ import engine_jobs as jobs
 from spark_cluster import local_cluster_session
 import tfhvd.spark
 from tfhvd.spark import WorkerError
+from tfhvd.spark.common.backend import SparkBackend
 from tfhvd.spark.runner import check_executable
 
 jobs.by_value(sys.modules[__name__])
@@ -70,6 +71,9 @@ def test_bad_arguments():
         tfhvd.spark.run(jobs.collectives, args=("x",), num_proc=2, env=bad)
     with pytest.raises(ValueError, match=r"run_elastic\(env=...\): TFHVD_ENGINE_SESSION="):
         tfhvd.spark.run_elastic(jobs.collectives, args=("x",), num_proc=2, env=bad)
+    # Horovod's SparkBackend hands its keywords to run(): a misspelt one is an error.
+    with pytest.raises(TypeError, match="'start_timout'"):
+        SparkBackend(num_proc=2, start_timout=5)
 
 
 def test_start_timeout_when_the_tasks_cannot_start(spark):

@@ -22,6 +22,7 @@ Nothing here imports TensorFlow.
 """
 
 import json
+import logging
 import os
 import threading
 import urllib.error
@@ -38,6 +39,8 @@ ELASTIC_ENV = "HOROVOD_ELASTIC"
 TOPOLOGY_ENV = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
 NOTIFY_WAIT_S = 30.0
+_RETRY_S = 5.0  # after a failed long poll, the listener waits this long before the next
+log = logging.getLogger("tfhvd.elastic")
 # Set whenever this process joins a new world (apply_world), for the
 # notification thread waiting to ask about it.
 _world_changed = threading.Event()
@@ -66,14 +69,18 @@ def in_elastic_job() -> bool:
     return bool(os.environ.get(DRIVER_ENV))
 
 
-def _url(path: str) -> str:
-    return "http://%s%s" % (os.environ[DRIVER_ENV], path)
+def _url(path: str, driver: Optional[str] = None) -> str:
+    return "http://%s%s" % (driver or os.environ[DRIVER_ENV], path)
 
 
-def _post(path: str, body: Dict[str, Any], timeout: Optional[float]) -> Dict[str, Any]:
-    """POSTs ``body``, signed with the job's secret (the driver answers no one else)."""
+def _post(path: str, body: Dict[str, Any], timeout: Optional[float],
+          driver: Optional[str] = None, secret: Optional[str] = None) -> Dict[str, Any]:
+    """POSTs ``body`` to the driver at ``driver`` (default: this process's
+    ``TFHVD_ELASTIC_DRIVER``), signed with ``secret`` (default: the job's
+    secret in this process's environment; the driver answers no one else)."""
     data = json.dumps(body).encode()
-    with signed_urlopen(secret_from_env() or "", _url(""), "POST", path, data,
+    key = secret if secret is not None else (secret_from_env() or "")
+    with signed_urlopen(key, _url("", driver), "POST", path, data,
                         {"Content-Type": "application/json"}, timeout) as resp:
         return json.loads(resp.read().decode() or "{}")
 
@@ -127,8 +134,14 @@ def next_world(reason: str, timeout: Optional[float] = None) -> Dict[str, Any]:
 class WorkerNotificationManager:
     """Delivers the driver's host updates to listeners (``State`` objects).
 
-    ``init()`` starts the long-polling thread once, and only in a job started
-    by the elastic driver; elsewhere it does nothing and no update ever comes.
+    ``init()`` starts the long-polling thread, and only in a job started by
+    the elastic driver; elsewhere it does nothing and no update ever comes.
+    The thread reads the driver's address, the job's secret and this
+    worker's id once, when it starts, so a process that later changes its
+    environment (an engine that gives a reused worker its own environment
+    back) does not pull them from under it.  ``shutdown()`` stops it (at the
+    end of a job run in a process that outlives the job); a later ``init()``
+    starts a fresh one, for the driver its environment names then.
     """
 
     def __init__(self) -> None:
@@ -138,13 +151,39 @@ class WorkerNotificationManager:
         self._stop = threading.Event()
 
     def init(self) -> None:
-        """Starts listening to the driver (idempotent; a no-op outside elastic jobs)."""
+        """Starts listening to the driver: idempotent while the listener runs,
+        a fresh listener after :meth:`shutdown` (or if the last one ended), a
+        no-op outside elastic jobs."""
         with self._lock:
-            if self._thread is not None or not in_elastic_job():
+            alive = self._thread is not None and self._thread.is_alive()
+            if (alive and not self._stop.is_set()) or not in_elastic_job():
                 return
-            self._thread = threading.Thread(target=self._poll, name="tfhvd-elastic-notify",
-                                            daemon=True)
+            # Each listener has its own stop flag: one still finishing a long
+            # poll of the previous job ends by itself, without delivering.
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._poll, name="tfhvd-elastic-notify", daemon=True,
+                args=(os.environ[DRIVER_ENV], secret_from_env() or "", worker_id(), self._stop))
             self._thread.start()
+
+    def shutdown(self, timeout: float = 0.0) -> None:
+        """Stops the listener (no update is delivered after this returns).
+
+        A long poll in flight is not interrupted: the thread (a daemon) ends
+        when that request returns, at most :data:`NOTIFY_WAIT_S` seconds
+        later or as soon as the driver goes; ``timeout`` > 0 waits that long
+        for it."""
+        with self._lock:
+            self._stop.set()
+            thread, self._thread = self._thread, None
+        if thread is not None and timeout > 0 and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def is_listening(self) -> bool:
+        """Whether a listener thread runs for the current job."""
+        with self._lock:
+            return (self._thread is not None and self._thread.is_alive()
+                    and not self._stop.is_set())
 
     def register_listener(self, listener: Any) -> None:
         with self._lock:
@@ -161,27 +200,39 @@ class WorkerNotificationManager:
         for listener in listeners:
             listener.on_hosts_updated(timestamp, update)
 
-    def _poll(self) -> None:
+    def _poll(self, driver: str, secret: str, worker: str, stop: threading.Event) -> None:
+        """The listener: long polls, one at a time, until ``stop`` is set.  A
+        failed request is tried again after :data:`_RETRY_S` seconds (the
+        driver is restarting or the job is ending); an unexpected error is
+        logged once, then treated the same, so the thread never dies of it."""
         last_seq = 0
-        while not self._stop.is_set():
+        logged = False
+        while not stop.is_set():
             try:
-                body = {"worker": worker_id(), "round": current_round(), "since": last_seq,
+                body = {"worker": worker, "round": current_round(), "since": last_seq,
                         "wait": NOTIFY_WAIT_S}
-                answer = _post("/elastic/notify", body, NOTIFY_WAIT_S + 30)
-            except (urllib.error.URLError, OSError, ValueError):
-                # The driver is gone or restarting: the job is ending; try again
-                # slowly rather than spin.
-                if self._stop.wait(5.0):
-                    return
-                continue
-            newer = int(answer.get("round", 0))
-            if newer > current_round():
-                # Our world ended; wait (sleeping) until this process joins the next.
-                _world_changed.clear()
+                answer = _post("/elastic/notify", body, NOTIFY_WAIT_S + 30, driver, secret)
+                if stop.is_set():
+                    return  # an answer for a job this process has left
+                newer = int(answer.get("round", 0))
                 if newer > current_round():
-                    _world_changed.wait(5.0)
+                    # Our world ended; wait (sleeping) until this process joins the next.
+                    _world_changed.clear()
+                    if newer > current_round():
+                        _world_changed.wait(_RETRY_S)
+                    continue
+                seq = int(answer.get("seq", 0))
+                if seq > last_seq:
+                    last_seq = seq
+                    self.handle_hosts_updated(seq, HostUpdateResult(int(answer.get("update", 0))))
+            except (urllib.error.URLError, OSError):
+                pass  # the driver is gone or restarting: try again slowly, never spin
+            except Exception:  # noqa: BLE001 - a dead listener would lose every update
+                if not logged:
+                    logged = True
+                    log.warning("tfhvd elastic: the host-update listener of worker %s (driver "
+                                "%s) failed; it keeps listening", worker, driver, exc_info=True)
+            else:
                 continue
-            seq = int(answer.get("seq", 0))
-            if seq > last_seq:
-                last_seq = seq
-                self.handle_hosts_updated(seq, HostUpdateResult(int(answer.get("update", 0))))
+            if stop.wait(_RETRY_S):
+                return

@@ -26,13 +26,14 @@ Spark's workers share their driver's) ran 4-15% slower than ``tfhvdrun``'s,
 see ``docs/PERFORMANCE.md``.
 """
 
+import contextlib
 import importlib
 import os
 import signal
 import socket
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from tfhvd.runner.common import BIND_ENV, Slot, WorkerError, iface_of, set_pdeathsig, topology, \
     worker_env, worker_id
@@ -152,7 +153,9 @@ class Bootstrap:
     def apply(self, local_addr: Optional[str] = None) -> None:
         """Makes this process that rank: sets its environment (what
         ``hvd.init()`` reads), dropping another job's per-rank variables,
-        and gives it a session of its own (:func:`own_session`)."""
+        and gives it a session of its own (:func:`own_session`).  A process
+        that outlives the job (a reused engine worker) should run the rank
+        inside :func:`restored_after_job`."""
         become_rank(self.environment(dict(os.environ), local_addr))
 
 
@@ -164,6 +167,36 @@ def become_rank(env: Mapping[str, str]) -> None:
         del os.environ[k]
     os.environ.update(env)
     own_session()
+
+
+@contextlib.contextmanager
+def restored_after_job() -> Iterator[None]:
+    """Gives back, when the ``with`` block ends (normally or not), the
+    environment and working directory this process had when it began.
+
+    An engine may run the next job in the same process (Spark reuses its
+    Python workers): a rank's launch variables, the job's ``env`` and what
+    ``fn`` set itself must not reach that job, which Horovod runs in a fresh
+    process.  ``os.environ`` is restored in place (the mapping object stays,
+    so references to it stay valid)."""
+    saved = dict(os.environ)
+    try:
+        cwd: Optional[str] = os.getcwd()
+    except OSError:  # the folder was removed under us
+        cwd = None
+    try:
+        yield
+    finally:
+        for k in [k for k in os.environ if k not in saved]:
+            del os.environ[k]
+        for k, v in saved.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
+        if cwd is not None:
+            try:
+                os.chdir(cwd)
+            except OSError:
+                pass  # gone since: stay where the job left us
 
 
 SESSION_VAR = "TFHVD_ENGINE_SESSION"

@@ -27,6 +27,10 @@ with Spark tasks in place of hosts' slots:
   ended or is lost, the tasks left are ones that never started (Spark's
   exclusion settings may leave a retried task nowhere to run), and the driver
   cancels the Spark job at once instead of waiting for it.
+* Spark may run a later job's task in the same Python worker: each worker
+  shuts tfhvd and its host-update listener down when ``fn`` ends, and the
+  agent gives the process its environment and working directory back
+  (:func:`~tfhvd.runner.engines.restored_after_job`).
 
 Recovery needs Spark to retry failed tasks: ``spark.task.maxFailures`` > 1
 (the default on a cluster and in ``local-cluster``; ``local[N, F]`` in local
@@ -48,7 +52,7 @@ from tfhvd.runner.elastic.driver import ElasticDriver, World, split_id
 from tfhvd.runner.elastic.engine import WorldScopes, job_outcome, member_env, run_driver
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.engines import LOOPBACK, WorkerError, call_as_rank, engine_bind, node_address, \
-    own_session, session_mode
+    own_session, restored_after_job, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
 from tfhvd.common.secret import secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
@@ -80,22 +84,22 @@ def _run_worker(env: Dict[str, str], fn: Callable, args: Sequence, kwargs: Dict,
     """Runs one elastic worker in this process: (status, rank, value or traceback)."""
     from tfhvd.spark.runner import _shutdown_tfhvd
 
-    saved = dict(os.environ)
-    os.environ.update(env)
     rank = int(env["HOROVOD_RANK"])
-    try:
-        own_session()
-        with RankOutput(*output, rank=rank):
-            value = call_as_rank(rank, fn, args, kwargs)
-        return "done", int(os.environ.get("HOROVOD_RANK", "-1")), value
-    except WorkerError as e:
-        if isinstance(e.__cause__, SystemExit) and not e.__cause__.code:
-            return "left", -1, None  # not part of the next world
-        return "failed", e.rank, e.worker_traceback or str(e)
-    finally:
-        _shutdown_tfhvd()
-        os.environ.clear()
-        os.environ.update(saved)
+    with restored_after_job():
+        os.environ.update(env)
+        try:
+            own_session()
+            with RankOutput(*output, rank=rank):
+                value = call_as_rank(rank, fn, args, kwargs)
+            return "done", int(os.environ.get("HOROVOD_RANK", "-1")), value
+        except WorkerError as e:
+            if isinstance(e.__cause__, SystemExit) and not e.__cause__.code:
+                return "left", -1, None  # not part of the next world
+            return "failed", e.rank, e.worker_traceback or str(e)
+        finally:
+            # Before the environment goes back: tfhvd, and the elastic
+            # listener that polls this job's driver, end with the worker.
+            _shutdown_tfhvd()
 
 
 def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
@@ -106,66 +110,70 @@ def _agent(payload: bytes, addr: str, port: int, job: str, host: Optional[str],
     def run_partition(_rows):
         from pyspark import TaskContext
 
-        os.environ.update(secret_env(secret))
-        ctx = TaskContext.get()
-        me = "%d.%d" % (ctx.partitionId(), ctx.attemptNumber())
-        sc = _scopes(job)
-        # Each attempt of each task is a host of its own (Horovod's model).
-        kv_put(addr, port, sc["agents"], me, json.dumps(
-            {"host": task_host(host or node_address(), ctx.partitionId(),
-                               ctx.attemptNumber()), "pid": os.getpid()}).encode())
-        stopped = threading.Event()
+        # The job's secret (which its requests are signed with) and what the
+        # workers leave behind end with the task: Spark may reuse this process.
+        with restored_after_job():
+            os.environ.update(secret_env(secret))
+            ctx = TaskContext.get()
+            me = "%d.%d" % (ctx.partitionId(), ctx.attemptNumber())
+            sc = _scopes(job)
+            # Each attempt of each task is a host of its own (Horovod's model).
+            kv_put(addr, port, sc["agents"], me, json.dumps(
+                {"host": task_host(host or node_address(), ctx.partitionId(),
+                                   ctx.attemptNumber()), "pid": os.getpid()}).encode())
+            stopped = threading.Event()
 
-        def say_ended() -> None:  # the driver need not wait for this task any more
+            def say_ended() -> None:  # the driver need not wait for this task any more
+                try:
+                    kv_put(addr, port, sc["ended"], me, b"1", secret=secret)
+                except OSError:
+                    pass
+
+            def beat() -> None:
+                n = 0
+                while not stopped.is_set():
+                    try:
+                        if kv_get(addr, port, sc["kill"], me, wait_ms=1000,
+                                  secret=secret) is not None:
+                            say_ended()
+                            os._exit(1)  # the driver stops this worker: the task fails
+                        kv_put(addr, port, sc["beats"], me, str(n).encode(), secret=secret)
+                    except OSError:
+                        time.sleep(1.0)  # the driver is gone or busy: the command loop decides
+                    n += 1
+
+            threading.Thread(target=beat, daemon=True, name="tfhvd-spark-beat").start()
+            fn, args, kwargs = cloudpickle.loads(payload)
+            n, unreachable_since = 0, None
             try:
-                kv_put(addr, port, sc["ended"], me, b"1")
-            except OSError:
-                pass
-
-        def beat() -> None:
-            n = 0
-            while not stopped.is_set():
-                try:
-                    if kv_get(addr, port, sc["kill"], me, wait_ms=1000) is not None:
-                        say_ended()
-                        os._exit(1)  # the driver stops this worker: the task fails
-                    kv_put(addr, port, sc["beats"], me, str(n).encode())
-                except OSError:
-                    time.sleep(1.0)  # the driver is gone or busy: the command loop decides
-                n += 1
-
-        threading.Thread(target=beat, daemon=True, name="tfhvd-spark-beat").start()
-        fn, args, kwargs = cloudpickle.loads(payload)
-        n, unreachable_since = 0, None
-        try:
-            while True:
-                try:
-                    raw = kv_get(addr, port, sc["cmd"], "%s.%d" % (me, n), wait_ms=1000)
-                    unreachable_since = None
-                except OSError:
-                    unreachable_since = unreachable_since or time.monotonic()
-                    if time.monotonic() - unreachable_since > 60:
-                        break  # the driver went away without a word
-                    time.sleep(1.0)
-                    continue
-                if raw is None:
-                    continue
-                cmd = cloudpickle.loads(raw)
-                if cmd[0] == "stop":
-                    break
-                _, wid, env = cmd
-                status, rank, value = _run_worker(env, fn, args, kwargs, (addr, port, job))
-                kv_put(addr, port, sc["reports"], "%s.%d" % (me, n),
-                       cloudpickle.dumps((wid, status, rank, value)))
-                n += 1
-                if status == "failed":
-                    # As Horovod's tasks do: the task fails, and Spark decides
-                    # whether (and where) a new attempt, a new host, runs.
-                    raise RuntimeError("tfhvd.spark: the worker of this task (rank %d) failed; "
-                                       "failing the task so that Spark may retry it" % rank)
-        finally:
-            stopped.set()
-            say_ended()
+                while True:
+                    try:
+                        raw = kv_get(addr, port, sc["cmd"], "%s.%d" % (me, n), wait_ms=1000)
+                        unreachable_since = None
+                    except OSError:
+                        unreachable_since = unreachable_since or time.monotonic()
+                        if time.monotonic() - unreachable_since > 60:
+                            break  # the driver went away without a word
+                        time.sleep(1.0)
+                        continue
+                    if raw is None:
+                        continue
+                    cmd = cloudpickle.loads(raw)
+                    if cmd[0] == "stop":
+                        break
+                    _, wid, env = cmd
+                    status, rank, value = _run_worker(env, fn, args, kwargs, (addr, port, job))
+                    kv_put(addr, port, sc["reports"], "%s.%d" % (me, n),
+                           cloudpickle.dumps((wid, status, rank, value)))
+                    n += 1
+                    if status == "failed":
+                        # As Horovod's tasks do: the task fails, and Spark decides
+                        # whether (and where) a new attempt, a new host, runs.
+                        raise RuntimeError("tfhvd.spark: the worker of this task (rank %d) failed; "
+                                           "failing the task so that Spark may retry it" % rank)
+            finally:
+                stopped.set()
+                say_ended()
         yield me
 
     return run_partition

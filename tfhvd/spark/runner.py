@@ -7,7 +7,11 @@
    task's host from ``BarrierTaskContext.getTaskInfos()``, so all ranks
    compute the same topology (partition id = rank; local and cross ranks by
    host, as :func:`tfhvd.runner.engines.engine_slots` gives them), applies its
-   :class:`~tfhvd.runner.engines.Bootstrap` and runs ``fn``.
+   :class:`~tfhvd.runner.engines.Bootstrap` and runs ``fn``.  When ``fn``
+   ends (returns or raises) the task shuts tfhvd down and gives the Python
+   worker back its environment and working directory, since Spark may run
+   a later job's task in the same process
+   (:func:`~tfhvd.runner.engines.restored_after_job`).
 3. A rank that raises stores its traceback on the rendezvous server, then
    fails its task; Spark aborts a failed barrier result stage (it is never
    retried) and kills the other tasks.  The driver raises a
@@ -28,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import cloudpickle
 
 from tfhvd.runner.engines import LOOPBACK, Bootstrap, WorkerError, call_as_rank, engine_bind, \
-    engine_slots, session_mode
+    engine_slots, restored_after_job, session_mode
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_put
 from tfhvd.common.secret import SECRET_ENV, secret_env
 from tfhvd.spark.output import DriverOutput, RankOutput
@@ -72,17 +76,20 @@ def _task(payload: bytes, addr_of: Dict[str, str], port: int, scope: str,
             pass  # the rendezvous below then fails with its own error
         extra = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(start_timeout)}
         extra.update(env)
-        Bootstrap(slots[rank], len(slots), addr, port, scope, extra,
-                  iface="lo" if local else None).apply(hosts[rank])
-        fn, args, kwargs = cloudpickle.loads(payload)
-        try:
-            with RankOutput(addr, port, scope, rank):
-                result = call_as_rank(rank, fn, args, kwargs)
-        except WorkerError as e:
-            _report(addr, port, rank, e.worker_traceback)
-            raise
-        finally:
-            _shutdown_tfhvd()
+        # Spark may run a later job in this Python worker: the rank's
+        # variables, the job's env and what fn changed end with the task.
+        with restored_after_job():
+            Bootstrap(slots[rank], len(slots), addr, port, scope, extra,
+                      iface="lo" if local else None).apply(hosts[rank])
+            fn, args, kwargs = cloudpickle.loads(payload)
+            try:
+                with RankOutput(addr, port, scope, rank):
+                    result = call_as_rank(rank, fn, args, kwargs)
+            except WorkerError as e:
+                _report(addr, port, rank, e.worker_traceback)
+                raise
+            finally:
+                _shutdown_tfhvd()
         yield rank, cloudpickle.dumps(result)
 
     return run_partition
@@ -96,7 +103,9 @@ def _report(addr: str, port: int, rank: int, text: str) -> None:
 
 
 def _shutdown_tfhvd() -> None:
-    """Ends this rank's world, so a Python worker Spark reuses starts clean."""
+    """Ends this rank's world, and its elastic job's host-update listener,
+    so a Python worker Spark reuses starts the next job clean (a later
+    ``hvd.elastic.run`` starts a listener of that job's driver)."""
     import sys
 
     basics = sys.modules.get("tfhvd.common.basics")
@@ -106,6 +115,9 @@ def _shutdown_tfhvd() -> None:
                 basics.shutdown()
         except Exception:  # noqa: BLE001 - the task's own result matters more
             pass
+    elastic = sys.modules.get("tfhvd.common.elastic")
+    if elastic is not None:
+        elastic.notification_manager.shutdown()
 
 
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
@@ -124,7 +136,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
     starts, as Horovod's does, "Timed out waiting for Spark tasks to start.")
     and then the ranks' rendezvous.  Before any rank starts, the workers'
     Python is checked (tfhvd.spark.workers): in local mode with
-    ``PYSPARK_PYTHON`` unset they run the driver's interpreter.  ``env`` adds variables to every rank.  The job runs
+    ``PYSPARK_PYTHON`` unset they run the driver's interpreter.  ``env``
+    adds variables to every rank, for this job only: a Python worker Spark
+    reuses for a later job has its own environment back.  The job runs
     over Gloo; ``use_mpi=True`` is refused (an MPI job needs mpirun to start
     its processes, and Spark starts them here), and ``extra_mpi_args`` is
     then meaningless and refused too.  ``stdout``/``stderr`` (default

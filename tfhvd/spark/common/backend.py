@@ -29,6 +29,8 @@ class SparkBackend(Backend):
     ``verbose``, ``nics``, ``prefix_output_with_timestamp``,
     ``start_timeout``.  ``use_mpi``/``use_gloo``/``extra_mpi_args``/``executable``
     pass through as well (the job runs over Gloo; ``run`` says what it refuses).
+    Any other keyword is a TypeError, as it is in Horovod (whose SparkBackend
+    hands its keywords to ``horovod.spark.run``).
     """
 
     def __init__(self, num_proc: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
@@ -36,7 +38,16 @@ class SparkBackend(Backend):
                  nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
                  start_timeout: Optional[int] = None, use_mpi: Optional[bool] = None,
                  use_gloo: Optional[bool] = None, extra_mpi_args: Optional[str] = None,
-                 executable: Optional[str] = None, **_ignored: Any) -> None:
+                 executable: Optional[str] = None, **kwargs: Any) -> None:
+        if kwargs:
+            # Horovod hands its extra keywords to horovod.spark.run, where a
+            # misspelt one is a TypeError; say so here, naming every one.
+            raise TypeError("SparkBackend() got unexpected keyword argument%s %s (it takes "
+                            "tfhvd.spark.run's: num_proc, env, stdout, stderr, verbose, nics, "
+                            "prefix_output_with_timestamp, start_timeout, use_mpi, use_gloo, "
+                            "extra_mpi_args, executable)"
+                            % ("s" if len(kwargs) > 1 else "",
+                               ", ".join(repr(k) for k in sorted(kwargs))))
         if num_proc is not None and num_proc < 1:
             raise ValueError("SparkBackend: num_proc must be at least 1, got %r" % (num_proc,))
         self._num_proc = num_proc
