@@ -247,6 +247,32 @@ def _barrier_times(enter):
     return gathered[-1][0], [g[1] for g in gathered]
 
 
+def test_collectives_that_look_alike_on_one_rank_stay_apart_in_tf_function():
+    """Rank 0's shard has a static first dimension of 1, so allgather(rows)
+    folds to allgather([1]) there, an op TensorFlow's graph optimizer would
+    merge with allgather([1]) of `ones` on that rank only: rank 0 then got
+    `ones` for `rows` and the others waited for it.  Also the gradient of a
+    grouped allgather, whose per-input size allgathers look alike the same way
+    (it failed in tf.function, and gives the eager result now)."""
+    rank, size = rank_size()
+    shard = tf.ones([1 if rank == 0 else 2, 2])
+    x, z = tf.constant([float(rank + 1)] * (1 if rank == 0 else 2)), tf.constant([1.0, 2.0])
+
+    def step(tag):
+        rows = hvd.allgather(tf.reshape(tf.shape(shard)[0], [1]), name="rows" + tag)
+        ones = hvd.allgather(tf.constant([1]), name="ones" + tag)
+        with tf.GradientTape() as tape:
+            tape.watch([x, z])
+            gx, gz = hvd.grouped_allgather([x, z], name="xz" + tag)
+            loss = tf.reduce_sum(gx * gx * float(rank + 1)) + tf.reduce_sum(gz)
+        return [rows, ones] + tape.gradient(loss, [x, z])
+
+    graph = [t.numpy().tolist() for t in tf.function(lambda: step("_graph"))()]
+    eager = [t.numpy().tolist() for t in step("_eager")]
+    assert graph[:2] == [[1] + [2] * (size - 1), [1] * size], graph
+    assert graph == eager, (graph, eager)
+
+
 def test_barrier_waits_for_the_last_rank():
     # time.time() is one clock for every process on this host.
     def enter():

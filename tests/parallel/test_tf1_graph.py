@@ -19,6 +19,25 @@ def test_object_collectives_in_a_session():
         assert fn({"x": rank}) == {"x": size - 1}
 
 
+def test_join_and_barrier_are_ops_in_a_graph():
+    """Horovod's join() and barrier() return ops in a TF1 graph (sess.run them);
+    join's value is the last rank that joined.  Rank 0 joins first, the others
+    reduce once more with its zeros."""
+    rank, size = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        x = tf.constant([float(rank)])
+        reduced = hvd.allreduce(x, op=hvd.Sum, name="before_join")
+        join = hvd.join()
+        barrier = hvd.barrier()
+        assert isinstance(join, tf.Tensor) and isinstance(barrier, tf.Operation)
+        with tf.compat.v1.Session() as sess:
+            if rank > 0:
+                assert sess.run(reduced).tolist() == [sum(range(1, size))]
+            assert sess.run(join) == size - 1
+            sess.run(barrier)
+    assert int(hvd.join()) in range(size)  # eagerly, a scalar tensor
+
+
 def test_object_collective_in_a_graph_without_session_is_a_clear_error():
     with tf.Graph().as_default():
         with pytest.raises(RuntimeError, match="need a session"):

@@ -11,6 +11,7 @@ import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 
 from tfhvd.common import basics, library
@@ -185,6 +186,26 @@ def _eager_name(name: Optional[str]) -> str:
     return name if (name and _executing_eagerly()) else ""
 
 
+def _distinct(out):
+    """``out`` (an op's outputs, or the op), its node marked, in a graph, with its
+    own node name in ``_tfhvd_node``, an attribute the kernels ignore.
+
+    Two collectives whose inputs fold to equal constants on one rank only (a
+    shape that is static there) otherwise look alike to TensorFlow's graph
+    optimizer, which merges them on that rank: it then runs one collective
+    fewer than the others, whose wait never ends.  Marking the ops stateful
+    would stop that too, but inside ``tf.function`` TensorFlow then runs them
+    one after another, with no fusion.
+    """
+    if _executing_eagerly():
+        return out
+    first = out[0] if isinstance(out, (list, tuple)) and out else out
+    op = first if isinstance(first, tf.Operation) else getattr(first, "op", None)
+    if op is not None:
+        op._set_attr("_tfhvd_node", _attr_value_pb2.AttrValue(s=op.name.encode()))
+    return out
+
+
 def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                ignore_name_scope: bool = False,
@@ -203,21 +224,21 @@ def _allreduce(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
     if op == Adasum:
         adasum_rules((tensor,), process_set)
         with tf.device("/cpu:0"):  # Adasum reduces host memory
-            return _ops().horovod_allreduce(
+            return _distinct(_ops().horovod_allreduce(
                 tensor, reduce_op=op, prescale_factor=prescale_factor,
                 postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
                 tensor_name=_eager_name(name), name=_graph_name("HorovodAllreduce", name, tensor),
-                process_set_id=ps_id)
+                process_set_id=ps_id))
     _check_op(op)
     if eager:
         return _ops().horovod_allreduce(
             tensor, reduce_op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
             tensor_name=name or "", process_set_id=ps_id)
-    return _ops().horovod_allreduce(
+    return _distinct(_ops().horovod_allreduce(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         ignore_name_scope=ignore_name_scope, process_set_id=ps_id,
-        name=name or "HorovodAllreduce_%s" % _normalize_name(tensor.name))
+        name=name or "HorovodAllreduce_%s" % _normalize_name(tensor.name)))
 
 
 def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None, op: int = Sum,
@@ -246,10 +267,10 @@ def _grouped_allreduce(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
         name = _grouped_graph_name("Allreduce", tensors)
     # (Adasum reduces host memory.)
     with tf.device("/cpu:0") if op == Adasum else contextlib.nullcontext():
-        return list(_ops().horovod_grouped_allreduce(
+        return _distinct(list(_ops().horovod_grouped_allreduce(
             tensors, reduce_op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
-            tensor_name=_eager_name(name), name=name, process_set_id=ps_id))
+            tensor_name=_eager_name(name), name=name, process_set_id=ps_id)))
 
 
 def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
@@ -261,9 +282,9 @@ def allgather(tensor: tf.Tensor, name: Optional[str] = None, ignore_name_scope: 
     """
     tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready([tensor], _ALL_DTYPES, "allgather", process_set)
-    return _ops().horovod_allgather(tensor, ignore_name_scope=ignore_name_scope,
-                                    tensor_name=_eager_name(name), name=_graph_name("HorovodAllgather", name, tensor),
-                                    process_set_id=ps_id)
+    return _distinct(_ops().horovod_allgather(
+        tensor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name),
+        name=_graph_name("HorovodAllgather", name, tensor), process_set_id=ps_id))
 
 
 def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
@@ -280,9 +301,9 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
                 for i, t in enumerate(tensors)]
     if name is None and not _executing_eagerly():
         name = _grouped_graph_name("Allgather", tensors)
-    return list(_ops().horovod_grouped_allgather(tensors, ignore_name_scope=ignore_name_scope,
-                                                 tensor_name=_eager_name(name), name=name,
-                                                 process_set_id=ps_id))
+    return _distinct(list(_ops().horovod_grouped_allgather(
+        tensors, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
+        process_set_id=ps_id)))
 
 
 def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
@@ -296,10 +317,10 @@ def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
         raise InvalidArgumentValueError(
             "broadcast root_rank %r is out of range for %d ranks (tensor %s)"
             % (root_rank, n, _tensor_label(tensor)))
-    return _ops().horovod_broadcast(tensor, root_rank=root_rank,
-                                    ignore_name_scope=ignore_name_scope,
-                                    tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor),
-                                    process_set_id=ps_id)
+    return _distinct(_ops().horovod_broadcast(
+        tensor, root_rank=root_rank, ignore_name_scope=ignore_name_scope,
+        tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor),
+        process_set_id=ps_id))
 
 
 def _as_tf_variable(v):
@@ -347,9 +368,9 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
                 v.assign(broadcast(v, root_rank, name=None if name is None else
                                    "%s_%d" % (name, i)))
             return [v.read_value() for v in variables]
-        op = _ops().horovod_broadcast_inplace_resource(
+        op = _distinct(_ops().horovod_broadcast_inplace_resource(
             [v.handle for v in variables], variable_names=names, root_rank=root_rank,
-            process_set_id=psid, tensor_name=_eager_name(name), name=name)
+            process_set_id=psid, tensor_name=_eager_name(name), name=name))
         with tf.control_dependencies([op] if op is not None else []):
             return [v.read_value() for v in variables]
     if any(resource):
@@ -358,9 +379,9 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
     if len({v.dtype.base_dtype for v in variables}) > 1:
         raise ValueError("broadcast_ of reference variables takes one dtype, got %s"
                          % sorted({v.dtype.base_dtype.name for v in variables}))
-    return _ops().horovod_broadcast_inplace(
+    return _distinct(_ops().horovod_broadcast_inplace(
         variables, variable_names=names, root_rank=root_rank, process_set_id=psid,
-        tensor_name=_eager_name(name), name=name)
+        tensor_name=_eager_name(name), name=name))
 
 
 def alltoall(tensor: tf.Tensor, splits: Optional[tf.Tensor] = None, name: Optional[str] = None,
@@ -375,9 +396,9 @@ def alltoall(tensor: tf.Tensor, splits: Optional[tf.Tensor] = None, name: Option
     tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready([tensor], _ALL_DTYPES, "alltoall", process_set)
     split_t = tf.constant([], dtype=tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    out, rsplits = _ops().horovod_alltoall(tensor, split_t, ignore_name_scope=ignore_name_scope,
-                                           tensor_name=_eager_name(name), name=_graph_name("HorovodAlltoall", name, tensor),
-                                           process_set_id=ps_id)
+    out, rsplits = _distinct(_ops().horovod_alltoall(
+        tensor, split_t, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name),
+        name=_graph_name("HorovodAlltoall", name, tensor), process_set_id=ps_id))
     return out if splits is None else (out, rsplits)
 
 
@@ -392,11 +413,11 @@ def _reducescatter(tensor: tf.Tensor, name: Optional[str] = None, op: int = Sum,
         raise InvalidArgumentValueError(
             "reducescatter cannot scatter a scalar (tensor %s); give a tensor of rank >= 1"
             % _tensor_label(tensor))
-    return _ops().horovod_reducescatter(
+    return _distinct(_ops().horovod_reducescatter(
         tensor, reduce_op=op, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
         tensor_name=_eager_name(name), name=_graph_name("HorovodReducescatter", name, tensor),
-        process_set_id=ps_id)
+        process_set_id=ps_id))
 
 
 def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
@@ -418,28 +439,33 @@ def _grouped_reducescatter(tensors: Sequence[tf.Tensor], name: Optional[str] = N
                                postscale_factor) for t in tensors]
     if name is None and not _executing_eagerly():
         name = _grouped_graph_name("Reducescatter", tensors)
-    return list(_ops().horovod_grouped_reducescatter(
+    return _distinct(list(_ops().horovod_grouped_reducescatter(
         tensors, reduce_op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope, tensor_name=_eager_name(name), name=name,
-        process_set_id=ps_id))
+        postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+        tensor_name=_eager_name(name), name=name, process_set_id=ps_id)))
 
 
-def join() -> int:
-    """Marks this rank as done with its data; returns the last rank that joined.
+def join() -> tf.Tensor:
+    """Marks this rank as done with its data; returns the last rank that joined,
+    as an int32 scalar tensor (as Horovod: eagerly its value, ``.numpy()`` or
+    ``int()``; in a TF1 graph the op's output, for ``sess.run``).
 
     Until every rank has joined, allreduces on the other ranks proceed with
     zeros from the joined ranks.
     """
     if not basics.is_initialized():
         raise NotInitializedOpError()
-    return int(_ops().horovod_join())
+    return _distinct(_ops().horovod_join())
 
 
-def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Blocks until every rank of ``process_set`` has reached the barrier."""
+def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operation]:
+    """Blocks until every rank of ``process_set`` has reached the barrier.
+
+    Eagerly it returns None once they have; in a TF1 graph it returns the op
+    (``sess.run`` it), as Horovod does."""
     if not basics.is_initialized():
         raise NotInitializedOpError()
-    _ops().horovod_barrier(process_set_id=check_process_set(process_set))
+    return _distinct(_ops().horovod_barrier(process_set_id=check_process_set(process_set)))
 
 
 def _set_id_arg(process_set_id, process_set) -> int:
