@@ -3,8 +3,10 @@ local-cluster[2,1,1024] (a master, two workers, an executor JVM each, on this
 machine), started here.  Fit, transform and reload; the trained weights equal
 the same training written by hand under tfhvd.spark.run; resuming a run from
 its checkpoint in the Store; validation by column and by fraction; scalar,
-array and ML vector columns; callbacks and custom objects; tf-keras; and the
-errors a bad column gives."""
+array and ML vector columns; callbacks and custom objects; a one-row
+validation set on two ranks; a model with dict outputs, a double label and a
+custom metric, a weights-only checkpoint and the compiled model it returns;
+tf-keras; and the errors a bad column gives."""
 
 import io
 import os
@@ -36,7 +38,8 @@ def spark():
 
 def data(spark, rows: int = ROWS):
     """features: an array of 4 floats, a scalar, an ML vector; a 0/1 label;
-    a validation flag on every 4th row."""
+    a validation flag on every 4th row; a double target; a validation flag on
+    row 0 only."""
     from pyspark.ml.linalg import Vectors
 
     rng = np.random.default_rng(0)
@@ -44,8 +47,8 @@ def data(spark, rows: int = ROWS):
     y = (x[:, 0] + x[:, 1] > 0).astype(int)
     return spark.createDataFrame(
         [(x[i].tolist(), float(x[i, 2]), Vectors.dense(x[i, :2].tolist()), int(y[i]),
-          i % 4 == 0, "row%d" % i) for i in range(rows)],
-        ["feat", "s", "vec", "label", "is_val", "name"])
+          i % 4 == 0, "row%d" % i, float(x[i, 0] + 4.0), i == 0) for i in range(rows)],
+        ["feat", "s", "vec", "label", "is_val", "name", "target", "one_val"])
 
 
 def dense_model(width: int = 4, lib=keras):
@@ -56,6 +59,15 @@ def dense_model(width: int = 4, lib=keras):
 def scaled_loss(y_true, y_pred):
     """A custom loss (it must come back through custom_objects)."""
     return 2.0 * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+
+def exp_rmspe(y_true, y_pred):
+    """Horovod's Rossmann example's metric: y_true (a double column) meets
+    y_pred in plain TensorFlow arithmetic, so both must be floatx."""
+    y_true = keras.ops.reshape(y_true, keras.ops.shape(y_pred))
+    pct = keras.ops.square((keras.ops.exp(y_true) - keras.ops.exp(y_pred))
+                           / keras.ops.exp(y_true))
+    return keras.ops.sqrt(keras.ops.mean(pct, axis=-1))
 
 
 class StartWeights(keras.callbacks.Callback):
@@ -155,35 +167,67 @@ def test_columns_validation_callbacks_custom_objects_and_resume(spark, tmp_path)
                   custom_objects={"scaled_loss": scaled_loss},
                   feature_cols=["feat", "s", "vec"], label_cols=["label"], batch_size=8,
                   run_id="resumed", verbose=0, random_seed=3)
-    est = KerasEstimator(optimizer=keras.optimizers.Adam(0.01), validation="is_val",
+    # One validation row on two ranks: each rank validates on a row (the
+    # metrics averaged over the ranks match in shape).
+    est = KerasEstimator(optimizer=keras.optimizers.Adam(0.01), validation="one_val",
                          epochs=1, **common)
     km = est.fit(df)
     assert "val_loss" in km.getHistory()
     val_rows = store.get_parquet_dataset(store.get_val_data_path()).read()
-    assert val_rows.num_rows == ROWS // 4 and "is_val" not in val_rows.column_names
+    assert val_rows.num_rows == 1 and "one_val" not in val_rows.column_names
     first = km.getModel().get_weights()
     pred = km.transform(df)
     assert "label__output" in pred.columns and pred.count() == ROWS
 
     # The same run id: training resumes from the run's checkpoint (with the
     # custom loss from custom_objects), here on the Parquet already written:
-    # the first fit's weights and its optimizer's 3 steps (48 rows / 8 / 2),
-    # not the model and optimizer given here.
+    # the first fit's weights and its optimizer's 4 steps (ceil(63 rows / 8 /
+    # 2)), not the model and optimizer given here.
     resumed = KerasEstimator(optimizer=keras.optimizers.Adam(0.01), epochs=1,
                              callbacks=[StartWeights(begin)], **common)
     km2 = resumed.fit_on_parquet()
     started = np.load(begin)
     for i, w in enumerate(first):
         np.testing.assert_allclose(started["arr_%d" % i], w, atol=1e-7)
-    assert int(started["iterations"]) == 3
+    assert int(started["iterations"]) == 4
     assert not np.allclose(km2.getModel().get_weights()[0], first[0])
 
-    # Validation by fraction.
-    frac = KerasEstimator(optimizer="adam", validation=0.5, epochs=1,
-                          **dict(common, run_id="fraction"))
-    frac.fit(df)
+    # Validation by fraction, on a model with dict outputs (Keras orders them
+    # by name: a_reg, b_cls) fed by a double label (cast to floatx for the
+    # custom metric) and an int one, with a weights-only checkpoint.
+    feat = keras.Input((4,), name="feat")
+    dict_model = keras.Model(feat, {"b_cls": keras.layers.Dense(2, activation="softmax")(feat),
+                                    "a_reg": keras.layers.Dense(1)(feat)})
+    ckpt = keras.callbacks.ModelCheckpoint(str(tmp_path / "any.weights.h5"),
+                                           save_weights_only=True)
+    frac = KerasEstimator(num_proc=2, store=store, model=dict_model, optimizer="adam",
+                          loss={"a_reg": "mse", "b_cls": "sparse_categorical_crossentropy"},
+                          metrics={"a_reg": [exp_rmspe]}, custom_objects={"exp_rmspe": exp_rmspe},
+                          feature_cols=["feat"], label_cols=["target", "label"], batch_size=8,
+                          validation=0.5, epochs=1, verbose=0, random_seed=3, run_id="fraction",
+                          checkpoint_callback=ckpt)
+    km3 = frac.fit(df)
     n = store.get_parquet_dataset(store.get_val_data_path()).read().num_rows
     assert 10 < n < ROWS - 10
+    assert [k for k in km3.getHistory() if k.startswith("val_") and "exp_rmspe" in k]
+    run = store.get_run_path("fraction")
+    assert store.exists(run + "/checkpoint.weights.h5")
+    assert not store.exists(run + "/checkpoint.keras")
+    # The returned model is compiled as trained, with the plain optimizer and its state.
+    trained = km3.getModel()
+    assert type(trained.optimizer).__module__.startswith("keras.")
+    assert int(np.asarray(trained.optimizer.iterations)) > 0
+    rows = df.orderBy("name").collect()
+    x = np.stack([r["feat"] for r in rows]).astype("float32")
+    y = (np.array([r["target"] for r in rows]), np.array([r["label"] for r in rows]))
+    scores = trained.evaluate(x, y, verbose=0, return_dict=True)
+    assert any("exp_rmspe" in k for k in scores), scores
+    # transform gives the dict's outputs to the label columns' outputs in that order.
+    want = trained.predict(x, verbose=0)
+    out = km3.transform(df).orderBy("name").collect()
+    np.testing.assert_allclose([r["target__output"] for r in out], want["a_reg"][:, 0],
+                               atol=1e-5)
+    np.testing.assert_allclose([r["label__output"] for r in out], want["b_cls"], atol=1e-5)
 
 
 def test_tf_keras_model(spark, tmp_path):

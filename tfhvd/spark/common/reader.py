@@ -4,9 +4,13 @@ in a Store, as a ``tf.data.Dataset``, read with pyarrow.
 Sharding: the dataset's row groups, listed file by file in sorted file name
 order, go to the ranks in turn (rank ``r`` reads pieces ``r``, ``r + size``,
 ...).  With fewer row groups than ranks, every rank reads all of them and
-keeps rows ``r``, ``r + size``, ...  Rows are read one row group at a time
+keeps rows ``r``, ``r + size``, ...; with fewer rows than ranks, rank ``r``
+keeps row ``r % rows`` (so every rank has data).  Rows are read one row group at a time
 (streamed, not loaded whole), then shuffled in a buffer, batched and
-reshaped to the model's input and output shapes.
+reshaped to the model's input and output shapes.  Floating columns (Spark's
+doubles are float64) are cast to ``keras.backend.floatx()``, as Keras's own
+``fit`` casts numpy arrays, so that a loss or metric mixing labels and
+predictions sees one dtype; integer and boolean columns keep their type.
 
 Why pyarrow and not Petastorm (Horovod's reader): Petastorm's last release
 is from 2023 and pins old pyarrow behaviour; pyarrow is maintained with
@@ -20,20 +24,31 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 
-def shard(store: Any, path: str, rank: int, size: int) -> Tuple[List[Tuple[str, int]], bool]:
-    """The (file, row group) pieces rank ``rank`` reads, and whether it must
-    keep only every ``size``-th row of them (fewer pieces than ranks)."""
+def shard(store: Any, path: str, rank: int,
+          size: int) -> Tuple[List[Tuple[str, int]], Optional[Tuple[int, int]]]:
+    """The (file, row group) pieces rank ``rank`` reads, and, when there are
+    fewer pieces than ranks, the ``(num_shards, index)`` of the rows it keeps.
+
+    Every rank gets rows when the dataset has any: with fewer rows than ranks
+    (a validation set of 1 row on 2 ranks, say), rank ``r`` keeps row
+    ``r % rows``, so a few rows are read by more than one rank.  A rank without
+    rows would run no validation step and its metrics would not match the
+    other ranks' when they are averaged.
+    """
     import pyarrow.parquet as pq
 
-    pieces = []
+    pieces, rows = [], 0
     for name in store.list_parquet_files(path):
         with store.fs.open(name, "rb") as f:
             meta = pq.ParquetFile(f).metadata
-        pieces.extend((name, g) for g in range(meta.num_row_groups)
-                      if meta.row_group(g).num_rows > 0)
+        for g in range(meta.num_row_groups):
+            if meta.row_group(g).num_rows > 0:
+                pieces.append((name, g))
+                rows += meta.row_group(g).num_rows
     if len(pieces) >= size:
-        return pieces[rank::size], False
-    return pieces, True
+        return pieces[rank::size], None
+    shards = max(1, min(size, rows))
+    return pieces, (shards, rank % shards)
 
 
 def _column_array(table: Any, col: str) -> np.ndarray:
@@ -78,7 +93,8 @@ def make_dataset(store: Any, path: str, rank: int, size: int, feature_cols: Sequ
                  label_shapes: Optional[Sequence[Sequence[int]]] = None,
                  sample_weight_col: Optional[str] = None, shuffle_buffer_size: int = 0,
                  seed: Optional[int] = None, cache: bool = False,
-                 transformation_fn: Optional[Callable] = None) -> Any:
+                 transformation_fn: Optional[Callable] = None,
+                 floatx: Optional[str] = "float32") -> Any:
     """Rank ``rank``'s shard of the Parquet dataset at ``path`` as a repeated
     ``tf.data.Dataset`` of ``(features, labels[, sample_weights])`` batches.
 
@@ -86,13 +102,17 @@ def make_dataset(store: Any, path: str, rank: int, size: int, feature_cols: Sequ
     dimension); a column is reshaped to its input's shape (labels: to
     ``label_shapes``, else to the output's shape) when the sizes agree.
     ``transformation_fn``, if given, maps each row group's dict of numpy
-    arrays to a dict with the same columns before batching.
+    arrays to a dict with the same columns before batching.  Floating columns
+    (features, labels, sample weights) are cast to ``floatx`` (Keras's
+    ``keras.backend.floatx()``; None: not cast); integer and boolean columns
+    keep their type.
     """
     import tensorflow as tf
 
     columns = list(dict.fromkeys(list(feature_cols) + list(label_cols)
                                  + ([sample_weight_col] if sample_weight_col else [])))
     pieces, by_row = shard(store, path, rank, size)
+    float_type = None if floatx is None else tf.as_dtype(floatx)
 
     def generate() -> Iterator[Tuple[np.ndarray, ...]]:
         for chunk in read_pieces(store, pieces, columns):
@@ -107,8 +127,8 @@ def make_dataset(store: Any, path: str, rank: int, size: int, feature_cols: Sequ
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=tuple(
         row_spec(c) for c in columns)).unbatch()
-    if by_row:
-        ds = ds.shard(size, rank)
+    if by_row is not None:
+        ds = ds.shard(*by_row)
     if cache:
         ds = ds.cache()
     if shuffle_buffer_size and shuffle_buffer_size > 0:
@@ -127,6 +147,8 @@ def make_dataset(store: Any, path: str, rank: int, size: int, feature_cols: Sequ
             lab_shapes.append(None)
 
     def shaped(t: Any, shape: Optional[List[int]]) -> Any:
+        if float_type is not None and t.dtype.is_floating and t.dtype != float_type:
+            t = tf.cast(t, float_type)
         return t if shape is None else tf.reshape(t, [-1] + shape)
 
     def to_model(*row: Any) -> Any:
@@ -134,7 +156,7 @@ def make_dataset(store: Any, path: str, rank: int, size: int, feature_cols: Sequ
         y = [shaped(row[index[c]], s) for c, s in zip(label_cols, lab_shapes)]
         out = (x[0] if len(x) == 1 else tuple(x), y[0] if len(y) == 1 else tuple(y))
         if sample_weight_col:
-            out = out + (row[index[sample_weight_col]],)
+            out = out + (shaped(row[index[sample_weight_col]], None),)
         return out
 
     return ds.map(to_model).prefetch(tf.data.AUTOTUNE)

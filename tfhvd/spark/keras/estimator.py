@@ -11,13 +11,23 @@ The result is a :class:`~tfhvd.spark.keras.KerasModel` transformer.
 
 Keras 3 models (``import keras``) and tf-keras models (``import tf_keras``)
 are both accepted; the ranks use the model's own Keras.
+
+``estimator.save(path)`` / ``KerasEstimator.load(path)`` keep the parameters
+on any fsspec path (Horovod's ``KerasEstimatorParamsWritable``/``Readable``):
+the model as ``model.keras``, the optimizer as its Keras config, the Store by
+its class and path, and the other parameters as JSON or, for Python objects
+(callbacks, custom objects, functions), cloudpickle.  The backend is not kept
+(``num_proc`` is), as in Horovod.
 """
 
+import base64
+import json
 import time
 from typing import Any, Dict, List, Optional
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from tfhvd.spark.common import data as prep
 from tfhvd.spark.common.backend import SparkBackend
@@ -53,7 +63,7 @@ def _shapes(tensors: Any) -> List[Optional[List[Optional[int]]]]:
     return out
 
 
-class KerasEstimator(Estimator, EstimatorParams):
+class KerasEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     """Spark Estimator that fits a Keras model on a DataFrame with tfhvd.
 
     The keywords are Horovod's ``horovod.spark.keras.KerasEstimator``'s (see
@@ -61,7 +71,8 @@ class KerasEstimator(Estimator, EstimatorParams):
     ``custom_objects``, ``checkpoint_callback`` and ``backend_env``.  ``store``,
     ``model``, ``loss``, ``feature_cols`` and ``label_cols`` are required, and
     an ``optimizer`` unless the model is compiled with one.  Give either
-    ``backend`` or ``num_proc``, not both.
+    ``backend`` or ``num_proc``, not both.  ``save(path)``/``load(path)`` keep
+    the parameters (not the backend).
     """
 
     @keyword_only
@@ -168,15 +179,24 @@ class KerasEstimator(Estimator, EstimatorParams):
         """What every rank needs, as one picklable dict."""
         model = self.getModel()
         checkpoint = store.get_checkpoint_path(run_id)
-        resume = False
+        weights_only = remote.is_weights_only(self.getCheckpointCallback())
+        found = False
         if checkpoint is not None:
-            checkpoint = checkpoint.rstrip("/") + "/" + store.get_checkpoint_filename()
-            resume = store.exists(checkpoint)
+            checkpoint = checkpoint.rstrip("/") + "/" + remote.checkpoint_filename(
+                store, weights_only)
+            found = store.exists(checkpoint)
+        if found and self.getVerbose():
+            print("Resuming training from last checkpoint: %s" % checkpoint)
+        # A full checkpoint brings the model and its optimizer state; a
+        # weights-only one (checkpoint_callback with save_weights_only=True)
+        # its weights, loaded into the model compiled as for a new run.
+        resume = found and not weights_only
         job: Dict[str, Any] = dict(flavor=flavor, resume=resume, store=store, run_id=run_id,
-                                   optimizer=None, loss=None, metrics=None)
+                                   optimizer=None, loss=None, metrics=None,
+                                   resume_weights=store.read(checkpoint)
+                                   if found and weights_only else None,
+                                   floatx=remote.keras_module(flavor).backend.floatx())
         if resume:
-            if self.getVerbose():
-                print("Resuming training from last checkpoint: %s" % checkpoint)
             job["model"] = store.read(checkpoint)
         else:
             keras = remote.keras_module(flavor)
@@ -208,7 +228,156 @@ class KerasEstimator(Estimator, EstimatorParams):
             dataset_idx=dataset_idx)
         return job
 
+    def write(self) -> MLWriter:
+        """A writer that saves the parameters to an fsspec path."""
+        return _KerasEstimatorWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        """A reader that makes a KerasEstimator from saved parameters."""
+        return _KerasEstimatorReader()
+
 
 add_params(KerasEstimator, KERAS_PARAMS)
+
+# Parameters kept in files of their own (the others go to JSON or the pickle).
+_NOT_PLAIN = ("model", "optimizer", "store", "backend", "loss", "metrics")
+
+
+def _fs_root(path: str) -> Any:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs, root.rstrip("/")
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        return json.loads(json.dumps(value)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+class _KerasEstimatorWriter(MLWriter):
+    """Saves a KerasEstimator's set parameters: ``metadata.json`` (JSON values,
+    the Store's class and path), ``objects.pkl`` (the rest, cloudpickled) and
+    ``model.keras``."""
+
+    def __init__(self, instance: KerasEstimator) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        import cloudpickle
+
+        est = self.instance
+        fs, root = _fs_root(path)
+        if fs.exists(root) and not self.shouldOverwrite:
+            raise IOError("Path %s already exists; use write().overwrite().save(path)" % path)
+        values = {p.name: v for p, v in est._paramMap.items()}
+        model = values.get("model")
+        flavor = flavor_of_model(model) if model is not None else None
+        keras = remote.keras_module(flavor or remote.KERAS3)
+        plain: Dict[str, Any] = {}
+        objects: Dict[str, Any] = {}
+        for name, value in values.items():
+            if name in _NOT_PLAIN:
+                continue
+            if _is_json(value):
+                plain[name] = value
+            else:
+                objects[name] = value
+        optimizer = values.get("optimizer")
+        if optimizer is not None and not isinstance(optimizer, str):
+            optimizer = {"__keras_config__": keras.optimizers.serialize(optimizer)}
+        for kind, name in (("losses", "loss"), ("metrics", "metrics")):
+            if values.get(name) is not None:
+                objects[name] = remote.serialize_objects(flavor or remote.KERAS3, kind,
+                                                         values[name])
+        objects["optimizer"] = optimizer
+        store = values.get("store")
+        meta = {"class": "tfhvd.spark.keras.KerasEstimator", "uid": est.uid, "flavor": flavor,
+                "params": plain, "has_model": model is not None,
+                "store": None if store is None else {
+                    "module": type(store).__module__, "class": type(store).__name__,
+                    "prefix_path": store.prefix_path}}
+        try:
+            pickled = cloudpickle.dumps(objects)
+        except Exception as e:
+            bad = []
+            for name, value in objects.items():
+                try:
+                    cloudpickle.dumps(value)
+                except Exception:
+                    bad.append(name)
+            raise ValueError("KerasEstimator.save: parameter(s) %s cannot be pickled: %s"
+                             % (", ".join(bad) or "?", e)) from e
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(root + "/metadata.json", "w") as f:
+            json.dump(meta, f, indent=1)
+        with fs.open(root + "/objects.pkl", "wb") as f:
+            f.write(base64.b64encode(pickled))
+        if model is not None:
+            with fs.open(root + "/model.keras", "wb") as f:
+                f.write(remote.model_to_bytes(model))
+
+    def _handleOverwrite(self, path: str) -> None:
+        fs, root = _fs_root(path)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def _store_from(meta: Optional[Dict[str, Any]]) -> Any:
+    """The Store saved as its class and path (a class outside tfhvd's stores:
+    ``Store.create(path)``)."""
+    from tfhvd.spark.common import store as stores
+
+    if meta is None:
+        return None
+    cls = getattr(stores, meta["class"], None) if meta["module"] == stores.__name__ else None
+    if isinstance(cls, type) and issubclass(cls, stores.Store) and cls is not stores.Store:
+        return cls(meta["prefix_path"])
+    return stores.Store.create(meta["prefix_path"])
+
+
+class _KerasEstimatorReader(MLReader):
+    def load(self, path: str) -> KerasEstimator:
+        import pickle
+
+        fs, root = _fs_root(path)
+        with fs.open(root + "/metadata.json", "r") as f:
+            meta = json.load(f)
+        if meta.get("class") != "tfhvd.spark.keras.KerasEstimator":
+            raise ValueError("%s holds a %s, not a saved KerasEstimator"
+                             % (path, meta.get("class")))
+        with fs.open(root + "/objects.pkl", "rb") as f:
+            objects = pickle.loads(base64.b64decode(f.read()))
+        flavor = meta["flavor"] or remote.KERAS3
+        keras = remote.keras_module(flavor)
+        params: Dict[str, Any] = dict(meta["params"])
+        custom = objects.get("custom_objects") or params.get("custom_objects") or {}
+        for name, value in objects.items():
+            if name == "optimizer":
+                if isinstance(value, dict) and "__keras_config__" in value:
+                    with keras.utils.custom_object_scope(custom):
+                        value = keras.optimizers.deserialize(value["__keras_config__"],
+                                                             custom_objects=custom)
+            elif name == "loss":
+                value = remote.deserialize_objects(flavor, "losses", value, custom)
+            elif name == "metrics":
+                value = remote.deserialize_objects(flavor, "metrics", value, custom)
+            if value is not None:
+                params[name] = value
+        if meta["has_model"]:
+            with fs.open(root + "/model.keras", "rb") as f:
+                params["model"] = remote.model_from_bytes(flavor, f.read(), custom)
+        store = _store_from(meta["store"])
+        if store is not None:
+            params["store"] = store
+        est = KerasEstimator()
+        est._resetUid(meta["uid"])
+        est._set(**params)
+        return est
+
 
 __all__ = ["KerasEstimator", "flavor_of_model"]

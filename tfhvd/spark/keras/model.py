@@ -6,6 +6,12 @@ holds one value per row, else an array of doubles (flattened).  The feature
 columns are read as the estimator read them (numbers, arrays, ML vectors).
 ``save(path)``/``KerasModel.load(path)`` keep it on any fsspec path as a
 ``metadata.json`` and a ``model.keras``.
+
+A model with several outputs gives them to the output columns in the order
+of ``model.outputs`` (``model.output_names``); for dict outputs
+(``keras.Model(x, {"a": ..., "b": ...})``) that is Keras's order, the names
+sorted, the same order in which the label columns were matched to the
+outputs in training.
 """
 
 import base64
@@ -89,11 +95,18 @@ class KerasModel(Model, MLWritable, MLReadable):
         return self.getOrDefault(self.metadata)
 
     def getModel(self) -> Any:
-        """The trained Keras model (loaded once, without its optimizer)."""
+        """The trained Keras model, compiled as it was trained (loss, metrics,
+        and the plain Keras optimizer with its state: the training's
+        DistributedOptimizer unwrapped), loaded once with ``custom_objects``."""
         if self._keras_model is None:
+            from tfhvd._keras.optimizer import REGISTERED_NAME, loader_class
+
+            flavor = self.getOrDefault(self.flavor)
+            # Models saved before the optimizer was unwrapped (or with a
+            # LossScaleOptimizer) name tfhvd's DistributedOptimizer.
+            custom = dict({REGISTERED_NAME: loader_class(flavor)}, **self.getCustomObjects())
             self._keras_model = remote.model_from_bytes(
-                self.getOrDefault(self.flavor), self.getOrDefault(self.model),
-                self.getCustomObjects(), compile=False)
+                flavor, self.getOrDefault(self.model), custom, compile=True)
         return self._keras_model
 
     def keras(self) -> Any:
@@ -152,7 +165,9 @@ def _partition_predictor(flavor: str, model_bytes: bytes, custom_objects: Dict[s
                     x = x.reshape((len(batch),) + tuple(shape))
                 inputs.append(x)
             preds = model.predict_on_batch(inputs[0] if len(inputs) == 1 else inputs)
-            if not isinstance(preds, (list, tuple)):
+            if isinstance(preds, dict):
+                preds = _ordered_outputs(model, preds)
+            elif not isinstance(preds, (list, tuple)):
                 preds = [preds]
             preds = [np.asarray(p).reshape(len(batch), -1) for p in preds]
             for i, row in enumerate(batch):
@@ -169,6 +184,15 @@ def _partition_predictor(flavor: str, model_bytes: bytes, custom_objects: Dict[s
             yield from flush()
 
     return predict
+
+
+def _ordered_outputs(model: Any, preds: Dict[str, Any]) -> List[Any]:
+    """A dict of predictions as a list in ``model.outputs``' order (its
+    ``output_names``; Keras 3 sorts a dict's outputs by name)."""
+    names = list(getattr(model, "output_names", None) or [])
+    if sorted(names) != sorted(preds):
+        names = sorted(preds)
+    return [preds[n] for n in names]
 
 
 class _KerasModelWriter(MLWriter):

@@ -6,10 +6,17 @@ column specs.  Each rank reads its shard of the Parquet through
 :mod:`tfhvd.spark.common.reader`, trains with ``hvd.DistributedOptimizer``
 and Horovod's broadcast and metric-averaging callbacks; rank 0 writes the
 checkpoint to a local folder after every epoch and copies it into the run's
-folder in the Store, and returns the history and the trained model's bytes.
+folder in the Store, and returns the history and the trained model's bytes,
+compiled as it was trained but with the plain Keras optimizer (its state
+kept), so that the driver can evaluate or train it further without tfhvd.
+
+Steps per epoch are Horovod's: ``ceil(rows / batch_size / num_proc)`` for
+training and validation, the same on every rank (each rank's dataset
+repeats, so a rank with fewer rows wraps around).
 """
 
 import importlib
+import math
 import os
 import tempfile
 from typing import Any, Dict, List, Optional
@@ -83,6 +90,34 @@ def deserialize_objects(flavor: str, kind: str, value: Any, custom_objects: Dict
     return one(value)
 
 
+WEIGHTS_SUFFIX = ".weights.h5"
+
+
+def checkpoint_filename(store: Any, weights_only: bool) -> str:
+    """The checkpoint's file name in the run's folder: the Store's
+    (``checkpoint.keras``), or for a weights-only checkpoint the same stem with
+    Keras 3's required ``.weights.h5`` (``checkpoint.weights.h5``)."""
+    name = store.get_checkpoint_filename()
+    if not weights_only or name.endswith(WEIGHTS_SUFFIX):
+        return name
+    stem = name
+    for ext in (".keras", ".h5", ".ckpt"):
+        if stem.endswith(ext):
+            stem = stem[:-len(ext)]
+            break
+    return stem + WEIGHTS_SUFFIX
+
+
+def is_weights_only(callback: Any) -> bool:
+    """Whether a ModelCheckpoint saves weights only."""
+    return bool(getattr(callback, "save_weights_only", False))
+
+
+def steps(rows: int, batch_size: int, size: int) -> int:
+    """Horovod's steps per epoch: every row once, the last batch wrapping (at least 1)."""
+    return max(1, int(math.ceil(rows / float(batch_size) / size)))
+
+
 def _pin_devices(use_gpu: bool, local_rank: int) -> None:
     import tensorflow as tf
 
@@ -125,7 +160,37 @@ def _compiled_model(job: Dict[str, Any], api: Any) -> Any:
                   loss=deserialize_objects(flavor, "losses", job["loss"], custom),
                   loss_weights=job["loss_weights"],
                   metrics=deserialize_objects(flavor, "metrics", job["metrics"], custom))
+    if job.get("resume_weights") is not None:
+        _load_weights(model, job["resume_weights"])
     return model
+
+
+def _load_weights(model: Any, data: bytes) -> None:
+    """Loads a weights-only checkpoint (``.weights.h5`` bytes) into ``model``."""
+    with tempfile.TemporaryDirectory(prefix="tfhvd-weights-") as tmp:
+        path = os.path.join(tmp, "checkpoint" + WEIGHTS_SUFFIX)
+        with open(path, "wb") as f:
+            f.write(data)
+        model.load_weights(path)
+
+
+def plain_optimizer(model: Any) -> None:
+    """Recompiles ``model`` with its DistributedOptimizer's plain Keras
+    optimizer (same class, config and state), as Horovod's trained model comes
+    back with its optimizer: usable without ``hvd.init()``.  A
+    LossScaleOptimizer is left as it is."""
+    from tfhvd._keras import api
+    from tfhvd._keras import flavor as kflavor
+    from tfhvd._keras import optimizer as kopt
+
+    opt = getattr(model, "optimizer", None)
+    if not kopt.is_distributed(opt) or kflavor.is_loss_scale_optimizer(opt):
+        return
+    config = dict(opt.get_config())
+    config.pop("tfhvd", None)
+    plain = type(opt)._tfhvd_base.from_config(config)
+    kopt._copy_state(opt, plain, kflavor.flavor_of(opt), list(model.trainable_variables))
+    api._recompile(model, plain)
 
 
 def train(job: Dict[str, Any]) -> Dict[str, Any]:
@@ -138,6 +203,8 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
     _pin_devices(job["use_gpu"], hvd.local_rank())
     flavor = job["flavor"]
     keras = keras_module(flavor)
+    if job.get("floatx"):
+        keras.backend.set_floatx(job["floatx"])
     if job["random_seed"] is not None:
         keras.utils.set_random_seed(job["random_seed"])
     model = _compiled_model(job, api)
@@ -152,7 +219,7 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
             batch, input_shapes, output_shapes, label_shapes=job["label_shapes"],
             sample_weight_col=job["sample_weight_col"], shuffle_buffer_size=shuffle_rows,
             seed=job["random_seed"], cache=job["inmemory_cache_all"],
-            transformation_fn=job["transformation_fn"])
+            transformation_fn=job["transformation_fn"], floatx=keras.backend.floatx())
 
     batch = job["batch_size"]
     shuffle_rows = 0
@@ -161,37 +228,47 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
         if shuffle_rows is None:
             shuffle_rows = max(1, min(job["train_rows"] // size, 100000))
     train_ds = dataset(job["train_path"], batch, shuffle_rows)
-    steps = job["train_steps_per_epoch"] or max(1, job["train_rows"] // (batch * size))
+    train_steps = job["train_steps_per_epoch"] or steps(job["train_rows"], batch, size)
     fit_args: Dict[str, Any] = {}
     if job["val_rows"]:
         val_batch = job["val_batch_size"] or batch
         fit_args["validation_data"] = dataset(job["val_path"], val_batch, 0)
         fit_args["validation_steps"] = job["validation_steps_per_epoch"] or \
-            max(1, job["val_rows"] // (val_batch * size))
+            steps(job["val_rows"], val_batch, size)
 
     callbacks_api = api.api_for(keras)
     callbacks: List[Any] = [callbacks_api.BroadcastGlobalVariablesCallback(0),
                             callbacks_api.MetricAverageCallback()]
     callbacks += list(job["callbacks"] or [])
+    user_ckpt = job["checkpoint_callback"]
     with store.get_local_output_dir_fn(job["run_id"])() as local_dir:
+        path = os.path.join(local_dir, checkpoint_filename(store, is_weights_only(user_ckpt)))
         if rank == 0 and store.saving_runs():
-            ckpt = job["checkpoint_callback"]
-            path = os.path.join(local_dir, store.get_checkpoint_filename())
+            ckpt = user_ckpt
             if ckpt is None:
                 ckpt = keras.callbacks.ModelCheckpoint(path)
             else:
                 ckpt.filepath = path
             callbacks += [ckpt, _store_callback(keras, store.sync_fn(job["run_id"]), local_dir)]
-        history = model.fit(train_ds, steps_per_epoch=steps, epochs=job["epochs"],
+        history = model.fit(train_ds, steps_per_epoch=train_steps, epochs=job["epochs"],
                             callbacks=callbacks, verbose=job["verbose"] if rank == 0 else 0,
                             shuffle=False,
                             **fit_args)
+        model_bytes = None
+        if rank == 0:
+            if user_ckpt is not None and os.path.exists(path):
+                # As Horovod: the model returned is the checkpoint's (with
+                # save_best_only, the best epoch's weights).
+                model.load_weights(path)
+            plain_optimizer(model)
+            model_bytes = model_to_bytes(model)
     result: Dict[str, Any] = {
         "rank": rank, "size": size,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-        "model": model_to_bytes(model) if rank == 0 else None}
+        "model": model_bytes}
     return result
 
 
-__all__ = ["train", "model_to_bytes", "model_from_bytes", "serialize_objects",
+__all__ = ["train", "checkpoint_filename", "is_weights_only", "steps", "plain_optimizer",
+           "model_to_bytes", "model_from_bytes", "serialize_objects",
            "deserialize_objects", "keras_module"]
