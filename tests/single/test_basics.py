@@ -267,7 +267,11 @@ def test_graph_inline_setting(settings_env, env, want):
 
 _BAD_SETTINGS = [("TFHVD_FUSION_THRESHOLD", "64MB"), ("HOROVOD_CYCLE_TIME", "-1"),
                  ("TFHVD_LOG_LEVEL", "loud"), ("HOROVOD_STALL_CHECK_DISABLE", "maybe"),
-                 ("TFHVD_GRAPH_INLINE", "sometimes")]
+                 ("TFHVD_GRAPH_INLINE", "sometimes"),
+                 # An infinite cycle time slept for ever; an infinite or huge
+                 # Gloo timeout overflowed Gloo's clock (a rank aborted).
+                 ("HOROVOD_CYCLE_TIME", "inf"), ("HOROVOD_GLOO_TIMEOUT_SECONDS", "inf"),
+                 ("HOROVOD_GLOO_TIMEOUT_SECONDS", "1e10")]
 
 
 def test_bad_setting_is_a_clear_init_error():
@@ -275,9 +279,14 @@ def test_bad_setting_is_a_clear_init_error():
     value, in one fresh process one after the other: a failed init leaves
     nothing behind, and the next init, with the settings fixed, runs."""
     out = run_python(textwrap.dedent("""
-        import os
+        import json, os, tempfile
         import tensorflow as tf
         import tfhvd.tensorflow as hvd
+        try:
+            hvd.stop_timeline()
+            print("NO ERROR for stop_timeline before init")
+        except ValueError as e:
+            print("STOP BEFORE INIT", e)
         for var, value in %r:
             os.environ[var] = value
             try:
@@ -286,12 +295,22 @@ def test_bad_setting_is_a_clear_init_error():
             except ValueError as e:
                 print("ERR", e)
             del os.environ[var]
+        # Horovod's HOROVOD_TIMELINE=DYNAMIC: no file until start_timeline.
+        os.chdir(tempfile.mkdtemp())
+        os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"
         hvd.init()
         print("THEN", hvd.size(), hvd.allreduce(tf.constant([3.0]), op=hvd.Sum).numpy())
+        hvd.start_timeline(os.path.abspath("started.json"))
+        hvd.allreduce(tf.constant([1.0]), name="in_timeline")
+        hvd.stop_timeline()
+        rows = {e.get("args", {}).get("name") for e in json.load(open("started.json"))}
+        print("FILES", sorted(os.listdir(".")), "in_timeline" in rows)
     """ % (_BAD_SETTINGS,)))
     assert out.returncode == 0, out.stderr
+    assert "STOP BEFORE INIT tfhvd has not been initialized" in out.stdout, out.stdout
     for var, value in _BAD_SETTINGS:
         assert "ERR invalid value '%s' for %s" % (value, var) in out.stdout, out.stdout
+    assert "FILES ['started.json'] True" in out.stdout, out.stdout
     assert "NO ERROR" not in out.stdout
     assert "THEN 1 [3.]" in out.stdout, out.stdout
 

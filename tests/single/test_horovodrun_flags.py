@@ -131,6 +131,9 @@ def test_on_and_off_together_is_a_usage_error(pair):
     (["--gloo-timeout-seconds", "0"], "--gloo-timeout-seconds: expected a whole number >= 1"),
     (["--binding-args=--rankfile 'rf"], "--binding-args"),
     (["--gloo", "--jsrun"], "give --gloo or --jsrun, not both"),
+    # inf and nan passed the >= check (an OverflowError traceback, or a rank failing at init).
+    (["--fusion-threshold-mb", "inf"], "--fusion-threshold-mb: expected a finite number"),
+    (["--cycle-time-ms", "nan"], "--cycle-time-ms: expected a finite number"),
 ])
 def test_bad_values_are_usage_errors(argv, needle):
     with pytest.raises(UsageError, match=re.escape(needle)):
@@ -295,6 +298,7 @@ def test_config_file_no_effect_settings_warn(tmp_path):
 
 @pytest.mark.parametrize("text,needle", [
     ("params:\n  fusion_threshold_mb: -1\n", "params.fusion_threshold_mb: expected a number >= 0"),
+    ("params:\n  fusion_threshold_mb: .inf\n", "params.fusion_threshold_mb: expected a finite"),
     ("autotune:\n  enabled: maybe\n", "autotune.enabled: expected true or false"),
     ("logging:\n  level: loud\n", "logging.level: expected one of TRACE"),
     ("library_options:\n  gloo_timeout_seconds: 0\n", "gloo_timeout_seconds: expected a whole"),

@@ -40,6 +40,21 @@ def test_normal_end_is_clean():
     assert "exited improperly" not in text and "did not call" not in text
 
 
+def test_gloo_asked_for_in_an_mpirun_job_connects_the_ranks_over_mpi():
+    """Horovod bootstraps Gloo from MPI when HOROVOD_CPU_OPERATIONS=gloo under
+    mpirun; tfhvd has no Gloo rendezvous there and gave each rank a job of size
+    1 without a word.  Now the ranks connect over MPI, rank 0 saying why."""
+    out = mpirun(2, """
+        import tensorflow as tf, tfhvd.tensorflow as hvd
+        hvd.init()
+        say("size", hvd.size(), "sum", hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+    """, env={"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_CONTROLLER": "gloo"})
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert text.count("size 2 sum 2.0") == 2, text
+    assert text.count("the ranks connect over MPI instead") == 1, text
+
+
 @pytest.mark.parametrize("prefix,control,shm,says", [
     ("TFHVD_", "mpi", "1", "control channel: MPI messages"),
     ("TFHVD_", "tcp", "1", "control channel: sockets to 2 peers, 2 of them through shared memory"),

@@ -248,7 +248,10 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
 
 def stop_timeline() -> None:
-    """Stops the timeline started by :func:`start_timeline` (the file stays valid JSON)."""
+    """Stops the timeline started by :func:`start_timeline` (the file stays valid
+    JSON); before ``hvd.init()`` it raises, as :func:`start_timeline` does."""
+    if not is_initialized():
+        raise NotInitializedError()
     library.capi().tfhvd_stop_timeline()
 
 

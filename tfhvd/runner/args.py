@@ -7,6 +7,7 @@ flags become ``TFHVD_*`` environment variables of the job (see
 """
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -34,6 +35,8 @@ def _at_least(kind, minimum, what: str):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError("expected %s, got %r" % (what, text)) from None
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError("expected a finite number, got %r" % (text,))
         if v < minimum:
             raise argparse.ArgumentTypeError("expected %s >= %s, got %r" % (what, minimum, text))
         return v

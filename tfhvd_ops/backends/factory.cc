@@ -55,6 +55,27 @@ Status Choose(const BackendOptions& opts, BackendChoice* out) {
       c = BackendChoice::kGloo;
     }
   }
+  const LaunchEnv& l = opts.launch;
+  if (c == BackendChoice::kGloo && !l.complete() && l.mpi_world_size > 1) {
+    // Gloo asked for in the environment of an mpirun job: Horovod bootstraps
+    // Gloo from MPI there.  Gloo's own rendezvous (tfhvdrun --gloo) is not
+    // set, so Gloo alone would make every rank a job of size 1.
+    if (!kMpiBuilt) {
+      return Status::InvalidArgument(
+          "tfhvd: mpirun started " + std::to_string(l.mpi_world_size) +
+          " processes and HOROVOD_CONTROLLER/CPU_OPERATIONS=gloo, but this build has no MPI "
+          "and Gloo's rendezvous variables (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_RANK, "
+          "HOROVOD_SIZE) are not set, so every rank would train alone: start the job with "
+          "tfhvdrun --gloo");
+    }
+    if (l.mpi_world_rank <= 0) {
+      std::fprintf(stderr,
+                   "[tfhvd WARNING] HOROVOD_CONTROLLER/CPU_OPERATIONS=gloo in a job mpirun "
+                   "started, without Gloo's rendezvous: the ranks connect over MPI instead "
+                   "(start the job with tfhvdrun --gloo to run over Gloo)\n");
+    }
+    c = BackendChoice::kMpi;
+  }
   if (c == BackendChoice::kGloo && !kGlooBuilt) {
     return Status::InvalidArgument(
         "tfhvd: the Gloo backend was asked for (HOROVOD_CONTROLLER/CPU_OPERATIONS=gloo or "
@@ -67,7 +88,6 @@ Status Choose(const BackendOptions& opts, BackendChoice* out) {
         "TFHVD_WITHOUT_MPI=1 or without Open MPI): install it with 'sudo apt-get install -y "
         "openmpi-bin libopenmpi-dev' and rebuild, or start the job with tfhvdrun --gloo");
   }
-  const LaunchEnv& l = opts.launch;
   if (!l.complete() && !l.present.empty() && !l.under_mpirun) {
     std::string names;
     for (const auto& n : l.present) names += (names.empty() ? "" : ", ") + n;

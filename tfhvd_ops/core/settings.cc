@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
 namespace tfhvd {
 namespace {
+
+// The longest Gloo timeout: a year, far below what overflows Gloo's clock.
+constexpr double kMaxGlooTimeoutS = 365.0 * 24 * 3600;
 
 const char* kPrefixes[] = {"TFHVD_", "HOROVOD_"};
 
@@ -28,14 +32,21 @@ Status Bad(const std::string& var, const std::string& value, const char* want) {
                                  ": expected " + want);
 }
 
+// A finite number from min to max (inf and nan are refused: an infinite cycle
+// time sleeps for ever, an infinite timeout overflows the clock).
 Status ParseDouble(const EnvLookup& env, const std::string& name, double min,
-                   double* out) {
+                   double* out, double max = HUGE_VAL) {
   std::string value, var;
   if (!Lookup(env, name, &value, &var)) return Status::OK();
   char* end = nullptr;
   double v = std::strtod(value.c_str(), &end);
-  if (end == value.c_str() || *end != '\0' || !(v >= min)) {
-    return Bad(var, value, min == 0 ? "a number >= 0" : "a number");
+  if (end == value.c_str() || *end != '\0' || !std::isfinite(v) || !(v >= min)) {
+    return Bad(var, value, min == 0 ? "a finite number >= 0" : "a finite number");
+  }
+  if (v > max) {
+    std::ostringstream want;
+    want << "a number from " << min << " to " << static_cast<int64_t>(max);
+    return Bad(var, value, want.str().c_str());
   }
   *out = v;
   return Status::OK();
@@ -126,10 +137,24 @@ Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
   Lookup(env, "GLOO_IFACE", &l->iface, &var);
   Lookup(env, "GLOO_SCOPE", &l->scope, &var);
   Lookup(env, "SECRET_KEY", &l->secret, &var);
-  TFHVD_RETURN_IF_ERROR(ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s));
+  // Gloo adds the timeout to a nanosecond clock (about 292 years overflow it).
+  TFHVD_RETURN_IF_ERROR(
+      ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s, kMaxGlooTimeoutS));
   std::string ignored;
   for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
     if (env(mpi, &ignored)) l->under_mpirun = true;
+  }
+  for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (env(mpi, &ignored)) {
+      l->mpi_world_size = std::atoi(ignored.c_str());
+      break;
+    }
+  }
+  for (const char* mpi : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (env(mpi, &ignored)) {
+      l->mpi_world_rank = std::atoi(ignored.c_str());
+      break;
+    }
   }
   if (l->size == 0) return Bad("HOROVOD_SIZE", "0", "an integer >= 1");
   if (l->rank >= 0 && l->size > 0 && l->rank >= l->size) {
@@ -214,6 +239,8 @@ Status ParseSettings(const EnvLookup& env, Settings* s) {
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "GRAPH_INLINE", &s->graph_inline));
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "ENABLE_XLA_OPS", &s->enable_xla_ops));
   Lookup(env, "TIMELINE", &s->timeline_path, &var);
+  // Horovod's HOROVOD_TIMELINE=DYNAMIC: no file until hvd.start_timeline().
+  if (s->timeline_path == "DYNAMIC") s->timeline_path.clear();
   TFHVD_RETURN_IF_ERROR(ParseBool(env, "TIMELINE_MARK_CYCLES", &s->timeline_mark_cycles));
   TFHVD_RETURN_IF_ERROR(
       ParseBool(env, "HIERARCHICAL_ALLREDUCE", &s->hierarchical_allreduce));

@@ -43,6 +43,8 @@ struct LaunchEnv {
   // by tfhvd's rendezvous server) and the handshake uses the bootstrap's key.
   std::string secret;
   bool under_mpirun = false;    // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set
+  int mpi_world_size = -1;      // OMPI_COMM_WORLD_SIZE or PMI_SIZE: the processes mpirun started
+  int mpi_world_rank = -1;      // OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK
   // Names of the launch variables that are set (for the half-set warning).
   std::vector<std::string> present;
 
