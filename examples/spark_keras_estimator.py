@@ -65,7 +65,7 @@ def main() -> None:
         backend = SparkBackend(num_proc=args.num_proc, stdout=sys.stdout, stderr=sys.stderr,
                                prefix_output_with_timestamp=True)
         estimator = KerasEstimator(backend=backend, store=store, model=model,
-                                   optimizer=keras.optimizers.Adam(0.002 * args.num_proc),
+                                   optimizer=keras.optimizers.Adam(0.002),
                                    loss="sparse_categorical_crossentropy",
                                    metrics=["accuracy"], feature_cols=["features"],
                                    label_cols=["label"], validation=0.1,

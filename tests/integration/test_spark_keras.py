@@ -104,7 +104,8 @@ def reference_training(train_dir: str, config: dict, weights: list, epochs: int)
     y = np.asarray(table.column("label").to_pylist())
     model = keras.Sequential.from_config(config)
     model.set_weights([np.asarray(w) for w in weights])
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+    # Horovod's estimator trains at the rate given times the number of processes.
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1 * hvd.size())),
                   loss="sparse_categorical_crossentropy")
     model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -135,8 +136,11 @@ def test_fit_transform_reload_and_weights_equal_spark_run(spark, tmp_path):
 
     ref = tfhvd.spark.run(reference_training, args=(train_dir, model.get_config(),
                                                     [w.tolist() for w in start], 2), num_proc=2)
-    got = km.getModel().get_weights()
+    trained = km.getModel()
+    got = trained.get_weights()
     assert not np.allclose(got[0], start[0]), "the estimator did not train"
+    # ... and gives the model back at the rate given, as Horovod does.
+    assert float(np.asarray(trained.optimizer.learning_rate)) == pytest.approx(0.1)
     for a, b in zip(got, ref[0]):
         np.testing.assert_allclose(a, np.asarray(b), rtol=0, atol=1e-6)
 

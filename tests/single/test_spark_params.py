@@ -39,6 +39,10 @@ def test_params_are_converted_as_horovods():
     assert est.getMetrics() == [] and est.getCallbacks() == []
     est.getCallbacks().append("x")
     assert KerasEstimator().getCallbacks() == []
+    # Arrays and ranges are lists, as Spark's TypeConverters take them.
+    est = KerasEstimator(feature_cols=np.array(["a", "b"]), loss_weights=np.array([1, 2]))
+    assert est.getFeatureCols() == ["a", "b"] and type(est.getFeatureCols()[0]) is str
+    assert est.getLossWeights() == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -87,12 +87,15 @@ def test_a_failed_task_gives_the_worker_its_environment_back(server, tmp_path):
     assert os.getcwd() == cwd
 
 
-def _listens() -> Any:
+def _listens(driver: Any) -> Any:
+    """A rank's function: starts listening as hvd.elastic.run does, and returns
+    once the listener has polled ``driver`` (its own job's)."""
     from tfhvd.common.elastic import notification_manager
 
     notification_manager.init()  # what hvd.elastic.run does
     thread = notification_manager._thread
-    return bool(thread is not None and thread.is_alive()), os.environ[wk.DRIVER_ENV]
+    alive = bool(thread is not None and thread.is_alive())
+    return alive and _wait(lambda: driver.polls() >= 1), os.environ[wk.DRIVER_ENV]
 
 
 def test_elastic_workers_in_a_reused_process_each_listen_to_their_job(
@@ -110,7 +113,7 @@ def test_elastic_workers_in_a_reused_process_each_listen_to_their_job(
             env = {"HOROVOD_RANK": "0", wk.DRIVER_ENV: d.address, wk.WORKER_ENV: "h:0",
                    "TFHVD_ENGINE_SESSION": "inherit"}
             env.update(secret_env(server.secret))
-            status, rank, value = elastic._run_worker(env, _listens, (), {},
+            status, rank, value = elastic._run_worker(env, _listens, (d,), {},
                                                       ("127.0.0.1", server.port, "job%d" % i))
             assert (status, rank) == ("done", 0), value
             assert value == (True, d.address), "job %d: %r" % (i + 1, value)

@@ -447,6 +447,7 @@ class BestModelCheckpointImpl:
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
         if filepath is None:
             self.filepath = None
+        self._verbose = verbose  # rank 0's; the others are quiet
         self._is_root = False  # decided when training begins (ranks change in elastic jobs)
 
     def on_train_begin(self, logs=None):
@@ -457,10 +458,9 @@ class BestModelCheckpointImpl:
                              ".filepath before fit (tfhvd.spark.keras.KerasEstimator sets it "
                              "for its checkpoint_callback)")
         self._is_root = basics.rank() == 0
+        self.verbose = self._verbose if self._is_root else 0
         if self._is_root:
             super().on_train_begin(logs)
-        else:
-            self.verbose = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._is_root:

@@ -193,9 +193,14 @@ class WorkerNotificationManager:
         with self._lock:
             self._listeners.discard(listener)
 
-    def handle_hosts_updated(self, timestamp: int, update: HostUpdateResult) -> None:
-        """Passes one update to every listener (also what tests call directly)."""
+    def handle_hosts_updated(self, timestamp: int, update: HostUpdateResult,
+                             stop: Optional[threading.Event] = None) -> None:
+        """Passes one update to every listener (also what tests call directly);
+        none when ``stop`` (the polling listener's flag) is set: the update is
+        from a job :meth:`shutdown` ended."""
         with self._lock:
+            if stop is not None and stop.is_set():
+                return
             listeners = list(self._listeners)
         for listener in listeners:
             listener.on_hosts_updated(timestamp, update)
@@ -224,7 +229,8 @@ class WorkerNotificationManager:
                 seq = int(answer.get("seq", 0))
                 if seq > last_seq:
                     last_seq = seq
-                    self.handle_hosts_updated(seq, HostUpdateResult(int(answer.get("update", 0))))
+                    self.handle_hosts_updated(seq, HostUpdateResult(int(answer.get("update", 0))),
+                                              stop)
             except (urllib.error.URLError, OSError):
                 pass  # the driver is gone or restarting: try again slowly, never spin
             except Exception:  # noqa: BLE001 - a dead listener would lose every update

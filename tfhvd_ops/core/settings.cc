@@ -9,8 +9,9 @@
 namespace tfhvd {
 namespace {
 
-// The longest Gloo timeout: a year, far below what overflows Gloo's clock.
-constexpr double kMaxGlooTimeoutS = 365.0 * 24 * 3600;
+// The longest Gloo timeout, 2,000,000 s (23 days): the control channel's
+// poll() takes it in milliseconds as an int, and Gloo adds it to a clock.
+constexpr double kMaxGlooTimeoutS = 2000000.0;
 
 const char* kPrefixes[] = {"TFHVD_", "HOROVOD_"};
 
@@ -137,7 +138,6 @@ Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
   Lookup(env, "GLOO_IFACE", &l->iface, &var);
   Lookup(env, "GLOO_SCOPE", &l->scope, &var);
   Lookup(env, "SECRET_KEY", &l->secret, &var);
-  // Gloo adds the timeout to a nanosecond clock (about 292 years overflow it).
   TFHVD_RETURN_IF_ERROR(
       ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s, kMaxGlooTimeoutS));
   std::string ignored;

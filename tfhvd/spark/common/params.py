@@ -101,19 +101,25 @@ def to_str(value: Any) -> str:
     raise TypeError("expected a string, got %s" % _describe(value))
 
 
+# What Spark's TypeConverters (and so Horovod's params) take as a list.
+_LISTS = (list, tuple, range, np.ndarray)
+
+
 def to_list_str(value: Any) -> List[str]:
-    """A converter to a list of strings (from a list or tuple of them)."""
+    """A converter to a list of strings (from a list, tuple or array of them)."""
     if isinstance(value, str):
         raise TypeError("expected a list of column names, got the string %r; "
                         "write [%r]" % (value, value))
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return list(value)
+    if isinstance(value, _LISTS):
+        items = [v.item() if isinstance(v, np.str_) else v for v in list(value)]
+        if all(isinstance(v, str) for v in items):
+            return [str(v) for v in items]
     raise TypeError("expected a list of column names, got %s" % _describe(value))
 
 
 def to_list(value: Any) -> List[Any]:
-    """A converter to a list (from a list or tuple)."""
-    if isinstance(value, (list, tuple)):
+    """A converter to a list (from a list, tuple, range or array)."""
+    if isinstance(value, _LISTS):
         return list(value)
     raise TypeError("expected a list, got %s" % _describe(value))
 
@@ -132,8 +138,8 @@ def to_loss_weights(value: Any) -> Any:
             raise TypeError("expected numbers, got %s" % _describe(v))
         return float(v)
 
-    if isinstance(value, (list, tuple)):
-        return [number(v) for v in value]
+    if isinstance(value, _LISTS):
+        return [number(v) for v in list(value)]
     if isinstance(value, dict):
         return {k: number(v) for k, v in value.items()}
     raise TypeError("expected a list of floats (one per output) or a dict of output name to "

@@ -16,6 +16,7 @@ outputs in training.
 
 import base64
 import json
+import warnings
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -105,8 +106,17 @@ class KerasModel(Model, MLWritable, MLReadable):
             # Models saved before the optimizer was unwrapped (or with a
             # LossScaleOptimizer) name tfhvd's DistributedOptimizer.
             custom = dict({REGISTERED_NAME: loader_class(flavor)}, **self.getCustomObjects())
-            self._keras_model = remote.model_from_bytes(
-                flavor, self.getOrDefault(self.model), custom, compile=True)
+            data = self.getOrDefault(self.model)
+            try:
+                self._keras_model = remote.model_from_bytes(flavor, data, custom, compile=True)
+            except Exception as e:  # noqa: BLE001 - the weights still load uncompiled
+                # A loss or metric the driver cannot rebuild (a local function
+                # left out of custom_objects): the model, uncompiled.
+                warnings.warn("tfhvd: the trained model could not be compiled on the driver "
+                              "(%s: %s); getModel() returns it uncompiled: pass what its loss "
+                              "and metrics need in custom_objects" % (type(e).__name__, e))
+                self._keras_model = remote.model_from_bytes(flavor, data, custom,
+                                                            compile=False)
         return self._keras_model
 
     def keras(self) -> Any:

@@ -21,6 +21,8 @@ import os
 import tempfile
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
 KERAS3 = "keras3"
 LEGACY = "tf_keras"
 
@@ -174,10 +176,30 @@ def _load_weights(model: Any, data: bytes) -> None:
         model.load_weights(path)
 
 
-def plain_optimizer(model: Any) -> None:
+def scale_learning_rate(model: Any, factor: float) -> Optional[float]:
+    """Multiplies the constant learning rate of ``model``'s optimizer by
+    ``factor`` and returns the new rate; a ``LearningRateSchedule`` is left as
+    it is (None).  Horovod's estimator trains at the user's rate times the
+    number of processes, and gives the trained model back at the user's rate."""
+    from tfhvd._keras import flavor as kflavor
+
+    opt = kflavor.inner_optimizer(getattr(model, "optimizer", None))
+    if opt is None or isinstance(opt, str):
+        return None
+    schedule = kflavor.public_api(kflavor.flavor_of(opt)).optimizers.schedules \
+        .LearningRateSchedule
+    if isinstance(getattr(opt, "_learning_rate", None), schedule):
+        return None
+    rate = float(np.asarray(opt.learning_rate)) * factor
+    opt.learning_rate = rate
+    return rate
+
+
+def plain_optimizer(model: Any, size: int = 1) -> None:
     """Recompiles ``model`` with its DistributedOptimizer's plain Keras
     optimizer (same class, config and state), as Horovod's trained model comes
-    back with its optimizer: usable without ``hvd.init()``.  A
+    back with its optimizer: usable without ``hvd.init()``, its constant
+    learning rate divided back by ``size`` (training multiplied it).  A
     LossScaleOptimizer is left as it is."""
     from tfhvd._keras import api
     from tfhvd._keras import flavor as kflavor
@@ -191,6 +213,7 @@ def plain_optimizer(model: Any) -> None:
     plain = type(opt)._tfhvd_base.from_config(config)
     kopt._copy_state(opt, plain, kflavor.flavor_of(opt), list(model.trainable_variables))
     api._recompile(model, plain)
+    scale_learning_rate(model, 1.0 / size)
 
 
 def train(job: Dict[str, Any]) -> Dict[str, Any]:
@@ -236,10 +259,24 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
         fit_args["validation_steps"] = job["validation_steps_per_epoch"] or \
             steps(job["val_rows"], val_batch, size)
 
+    # As Horovod's estimator: the rate times the number of processes (a run
+    # resumed from a whole checkpoint has that rate already), and the user's
+    # LR callbacks start from it.
+    if job["resume"]:
+        rate = scale_learning_rate(model, 1.0)
+    else:
+        rate = scale_learning_rate(model, size)
     callbacks_api = api.api_for(keras)
     callbacks: List[Any] = [callbacks_api.BroadcastGlobalVariablesCallback(0),
                             callbacks_api.MetricAverageCallback()]
-    callbacks += list(job["callbacks"] or [])
+    user_callbacks = list(job["callbacks"] or [])
+    if rate is not None:
+        from tfhvd._keras.callbacks import LearningRateScheduleCallbackImpl
+
+        for callback in user_callbacks:
+            if isinstance(callback, LearningRateScheduleCallbackImpl):
+                callback.initial_lr = rate
+    callbacks += user_callbacks
     user_ckpt = job["checkpoint_callback"]
     with store.get_local_output_dir_fn(job["run_id"])() as local_dir:
         path = os.path.join(local_dir, checkpoint_filename(store, is_weights_only(user_ckpt)))
@@ -260,7 +297,7 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
                 # As Horovod: the model returned is the checkpoint's (with
                 # save_best_only, the best epoch's weights).
                 model.load_weights(path)
-            plain_optimizer(model)
+            plain_optimizer(model, size)
             model_bytes = model_to_bytes(model)
     result: Dict[str, Any] = {
         "rank": rank, "size": size,
@@ -270,5 +307,6 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 __all__ = ["train", "checkpoint_filename", "is_weights_only", "steps", "plain_optimizer",
+           "scale_learning_rate",
            "model_to_bytes", "model_from_bytes", "serialize_objects",
            "deserialize_objects", "keras_module"]
