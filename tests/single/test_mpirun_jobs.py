@@ -55,6 +55,30 @@ def test_gloo_asked_for_in_an_mpirun_job_connects_the_ranks_over_mpi():
     assert text.count("the ranks connect over MPI instead") == 1, text
 
 
+def test_ctrl_c_to_tfhvdrun_over_mpirun_exits_130_as_the_gloo_path_does():
+    """SIGINT to tfhvdrun: mpirun ends the ranks and exits 1, which tfhvdrun
+    reported as a failed job; it is 130 with the Gloo path's message now."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfhvd.runner", "--mpi", "-np", "2", sys.executable, "-c",
+         "import time; print('up', flush=True); time.sleep(120)"],
+        env=job_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        up = 0
+        while up < 2:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            up += line.rstrip().endswith("up")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "tfhvdrun: interrupted; every rank was stopped." in err, err
+
+
 @pytest.mark.parametrize("prefix,control,shm,says", [
     ("TFHVD_", "mpi", "1", "control channel: MPI messages"),
     ("TFHVD_", "tcp", "1", "control channel: sockets to 2 peers, 2 of them through shared memory"),

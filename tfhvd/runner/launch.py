@@ -236,10 +236,12 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
     for t in readers:
         t.start()
     previous = {}
+    interrupted: List[int] = []
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         def forward(signum, _frame):
             if proc.poll() is None:
+                interrupted.append(signum)
                 proc.send_signal(signum)
         for s in (signal.SIGINT, signal.SIGTERM):
             previous[s] = signal.signal(s, forward)
@@ -265,6 +267,11 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str],
     if timed_out:
         err.write("tfhvdrun: the job ran longer than %g s and was stopped.\n" % timeout)
         code = 124
+    elif interrupted and code != 0:
+        # mpirun ends the ranks and exits 1: report it as the Gloo path and a
+        # shell do, 128 + the signal (130 for Ctrl-C).
+        code = 128 + interrupted[0]
+        err.write("tfhvdrun: interrupted; every rank was stopped.\n")
     elif code < 0:
         code = 128 - code
     if code != 0:
