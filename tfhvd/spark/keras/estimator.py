@@ -33,7 +33,7 @@ from tfhvd.spark.common import data as prep
 from tfhvd.spark.common.backend import SparkBackend
 from tfhvd.spark.common.params import EstimatorParams, add_params
 from tfhvd.spark.keras import remote
-from tfhvd.spark.keras.model import KerasModel
+from tfhvd.spark.keras.model import FsspecWriter, KerasModel, fs_root
 
 KERAS_PARAMS = [
     ("custom_objects", "CustomObjects", None, "custom Keras classes and functions by name"),
@@ -244,13 +244,6 @@ add_params(KerasEstimator, KERAS_PARAMS)
 _NOT_PLAIN = ("model", "optimizer", "store", "backend", "loss", "metrics")
 
 
-def _fs_root(path: str) -> Any:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
-    return fs, root.rstrip("/")
-
-
 def _is_json(value: Any) -> bool:
     try:
         return json.loads(json.dumps(value)) == value
@@ -258,22 +251,16 @@ def _is_json(value: Any) -> bool:
         return False
 
 
-class _KerasEstimatorWriter(MLWriter):
+class _KerasEstimatorWriter(FsspecWriter):
     """Saves a KerasEstimator's set parameters: ``metadata.json`` (JSON values,
     the Store's class and path), ``objects.pkl`` (the rest, cloudpickled) and
     ``model.keras``."""
-
-    def __init__(self, instance: KerasEstimator) -> None:
-        super().__init__()
-        self.instance = instance
 
     def saveImpl(self, path: str) -> None:
         import cloudpickle
 
         est = self.instance
-        fs, root = _fs_root(path)
-        if fs.exists(root) and not self.shouldOverwrite:
-            raise IOError("Path %s already exists; use write().overwrite().save(path)" % path)
+        fs, root = self._checked_root(path)
         values = {p.name: v for p, v in est._paramMap.items()}
         model = values.get("model")
         flavor = flavor_of_model(model) if model is not None else None
@@ -321,11 +308,6 @@ class _KerasEstimatorWriter(MLWriter):
             with fs.open(root + "/model.keras", "wb") as f:
                 f.write(remote.model_to_bytes(model))
 
-    def _handleOverwrite(self, path: str) -> None:
-        fs, root = _fs_root(path)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
-
 
 def _store_from(meta: Optional[Dict[str, Any]]) -> Any:
     """The Store saved as its class and path (a class outside tfhvd's stores:
@@ -344,7 +326,7 @@ class _KerasEstimatorReader(MLReader):
     def load(self, path: str) -> KerasEstimator:
         import pickle
 
-        fs, root = _fs_root(path)
+        fs, root = fs_root(path)
         with fs.open(root + "/metadata.json", "r") as f:
             meta = json.load(f)
         if meta.get("class") != "tfhvd.spark.keras.KerasEstimator":

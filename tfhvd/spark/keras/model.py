@@ -17,7 +17,7 @@ outputs in training.
 import base64
 import json
 import warnings
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from pyspark import keyword_only
@@ -205,19 +205,42 @@ def _ordered_outputs(model: Any, preds: Dict[str, Any]) -> List[Any]:
     return [preds[n] for n in names]
 
 
-class _KerasModelWriter(MLWriter):
-    def __init__(self, instance: KerasModel) -> None:
+def fs_root(path: str) -> Tuple[Any, str]:
+    """The fsspec filesystem of ``path`` (local, ``hdfs://``, ``s3://``, ...) and
+    the path in it, without a trailing slash."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs, root.rstrip("/")
+
+
+class FsspecWriter(MLWriter):
+    """An ``MLWriter`` to an fsspec path: an existing path is refused unless
+    ``write().overwrite()`` was asked for, which removes it first."""
+
+    def __init__(self, instance: Any) -> None:
         super().__init__()
         self.instance = instance
 
-    def saveImpl(self, path: str) -> None:
-        import cloudpickle
-        import fsspec
-
-        m = self.instance
-        fs, root = fsspec.core.url_to_fs(path)
+    def _checked_root(self, path: str) -> Tuple[Any, str]:
+        """The filesystem and root of ``path``, which must not exist yet."""
+        fs, root = fs_root(path)
         if fs.exists(root) and not self.shouldOverwrite:
             raise IOError("Path %s already exists; use write().overwrite().save(path)" % path)
+        return fs, root
+
+    def _handleOverwrite(self, path: str) -> None:
+        fs, root = fs_root(path)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+class _KerasModelWriter(FsspecWriter):
+    def saveImpl(self, path: str) -> None:
+        import cloudpickle
+
+        m = self.instance
+        fs, root = self._checked_root(path)
         fs.makedirs(root, exist_ok=True)
         meta = {"class": "tfhvd.spark.keras.KerasModel", "history": m.getHistory(),
                 "feature_columns": m.getFeatureColumns(), "label_columns": m.getLabelColumns(),
@@ -225,29 +248,20 @@ class _KerasModelWriter(MLWriter):
                 "flavor": m.getOrDefault(m.flavor), "output_cols": m.getOutputCols(),
                 "custom_objects": base64.b64encode(
                     cloudpickle.dumps(m.getCustomObjects())).decode("ascii")}
-        with fs.open(root.rstrip("/") + "/metadata.json", "w") as f:
+        with fs.open(root + "/metadata.json", "w") as f:
             json.dump(meta, f)
-        with fs.open(root.rstrip("/") + "/model.keras", "wb") as f:
+        with fs.open(root + "/model.keras", "wb") as f:
             f.write(m.getOrDefault(m.model))
-
-    def _handleOverwrite(self, path: str) -> None:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path)
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
 
 
 class _KerasModelReader(MLReader):
     def load(self, path: str) -> KerasModel:
         import pickle
 
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(path)
-        with fs.open(root.rstrip("/") + "/metadata.json", "r") as f:
+        fs, root = fs_root(path)
+        with fs.open(root + "/metadata.json", "r") as f:
             meta = json.load(f)
-        with fs.open(root.rstrip("/") + "/model.keras", "rb") as f:
+        with fs.open(root + "/model.keras", "rb") as f:
             model_bytes = f.read()
         custom = pickle.loads(base64.b64decode(meta["custom_objects"]))
         return KerasModel(history=meta["history"], model=model_bytes,
