@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <sstream>
 
 namespace tfhvd {
@@ -140,22 +141,18 @@ Status ParseLaunchEnv(const EnvLookup& env, LaunchEnv* l) {
   Lookup(env, "SECRET_KEY", &l->secret, &var);
   TFHVD_RETURN_IF_ERROR(
       ParseDouble(env, "GLOO_TIMEOUT_SECONDS", 0, &l->timeout_s, kMaxGlooTimeoutS));
+  // The first of `names` that is set, as an int (-1: none is).
+  auto first_int = [&env](std::initializer_list<const char*> names) {
+    std::string value;
+    for (const char* name : names) {
+      if (env(name, &value)) return std::atoi(value.c_str());
+    }
+    return -1;
+  };
+  l->mpi_world_size = first_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  l->mpi_world_rank = first_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"});
   std::string ignored;
-  for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (env(mpi, &ignored)) l->under_mpirun = true;
-  }
-  for (const char* mpi : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    if (env(mpi, &ignored)) {
-      l->mpi_world_size = std::atoi(ignored.c_str());
-      break;
-    }
-  }
-  for (const char* mpi : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
-    if (env(mpi, &ignored)) {
-      l->mpi_world_rank = std::atoi(ignored.c_str());
-      break;
-    }
-  }
+  l->under_mpirun = l->mpi_world_size != -1 || env("PMIX_RANK", &ignored);
   if (l->size == 0) return Bad("HOROVOD_SIZE", "0", "an integer >= 1");
   if (l->rank >= 0 && l->size > 0 && l->rank >= l->size) {
     return Status::InvalidArgument("tfhvd: HOROVOD_RANK=" + std::to_string(l->rank) +

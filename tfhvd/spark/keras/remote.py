@@ -262,10 +262,7 @@ def train(job: Dict[str, Any]) -> Dict[str, Any]:
     # As Horovod's estimator: the rate times the number of processes (a run
     # resumed from a whole checkpoint has that rate already), and the user's
     # LR callbacks start from it.
-    if job["resume"]:
-        rate = scale_learning_rate(model, 1.0)
-    else:
-        rate = scale_learning_rate(model, size)
+    rate = scale_learning_rate(model, 1.0 if job["resume"] else size)
     callbacks_api = api.api_for(keras)
     callbacks: List[Any] = [callbacks_api.BroadcastGlobalVariablesCallback(0),
                             callbacks_api.MetricAverageCallback()]
