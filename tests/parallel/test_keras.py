@@ -297,7 +297,9 @@ def test_warmup_end_keeps_a_rate_another_callback_set():
     np.testing.assert_allclose(kc.lr_value(model.optimizer), 0.05, rtol=1e-6)
 
 
-def test_warmup_scales_a_learning_rate_schedule():
+def _rates_over_a_schedule(callbacks, epochs):
+    """The rate each batch of ``fit`` used, with the optimizer's rate the schedule
+    0.1 * 0.9 ** step; checks that the schedule is the optimizer's again afterwards."""
     r, n = hvd.rank(), hvd.size()
     x, y = kc.rank_data(n)
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
@@ -310,16 +312,39 @@ def test_warmup_scales_a_learning_rate_schedule():
     model = kc.build_model(keras, seed=100 + r)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(schedule)),
                   loss=kc.LOSS)
-    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=2, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=1),
-                         Probe()])
-    steps = 2 * kc.STEPS
-    expected = [0.1 * 0.9 ** t * kc.warmup_lr(1.0, n, t // kc.STEPS, t % kc.STEPS, kc.STEPS, 1)
-                for t in range(steps)]
-    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+    model.fit(x[r], y[r], batch_size=kc.BATCH, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=callbacks + [Probe()])
     assert isinstance(model.optimizer._learning_rate,
                       keras.optimizers.schedules.ExponentialDecay), "schedule not restored"
+    return seen
+
+
+def test_warmup_scales_a_learning_rate_schedule():
+    n = hvd.size()
+    seen = _rates_over_a_schedule([hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=1)],
+                                  epochs=2)
+    expected = [0.1 * 0.9 ** t * kc.warmup_lr(1.0, n, t // kc.STEPS, t % kc.STEPS, kc.STEPS, 1)
+                for t in range(2 * kc.STEPS)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+
+
+def test_warmup_then_schedule_callback_both_scale_a_learning_rate_schedule():
+    """Horovod's pattern (warmup, then LearningRateScheduleCallbacks) over a
+    LearningRateSchedule: the second callback took the first one's scaled schedule
+    apart, and the warmup's factor was lost (the rate ran at 0.1 from the start)."""
+    n = hvd.size()
+    seen = _rates_over_a_schedule(
+        [hvd.callbacks.LearningRateWarmupCallback(None, warmup_epochs=2),
+         hvd.callbacks.LearningRateScheduleCallback(None, multiplier=0.5, start_epoch=2)],
+        epochs=4)
+    expected = []
+    for t in range(4 * kc.STEPS):
+        epoch, batch = divmod(t, kc.STEPS)
+        factor = (kc.warmup_lr(1.0, n, epoch, batch, kc.STEPS, 2) if epoch < 2
+                  else 0.5 ** (epoch - 2))
+        expected.append(0.1 * 0.9 ** t * factor)
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
 
 
 def test_schedule_callback_staircase():

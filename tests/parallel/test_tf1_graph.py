@@ -92,3 +92,23 @@ def test_tf1_distributed_optimizer_averages_and_keeps_local_vars_local():
     with pytest.raises(NotImplementedError, match="backward_passes_per_step"):
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
                                  backward_passes_per_step=2)
+
+
+def test_tf1_local_embedding_gradient_is_scaled_as_indexed_slices():
+    """An embedding's gradient is IndexedSlices: registered local, it is divided by
+    size() as slices (Horovod's _filtered_reduce_grads), not a TypeError."""
+    rank, size = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        emb = tf.compat.v1.Variable(tf.ones([4, 2]))
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, tf.constant([1, 3]))) * (rank + 1.0)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+        opt.register_local_var(emb)
+        (grad, _), = opt.compute_gradients(loss, var_list=[emb])
+        assert isinstance(grad, tf.IndexedSlices)
+        train = opt.apply_gradients([(grad, emb)])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            want = np.ones([4, 2], np.float32)
+            want[[1, 3]] -= (rank + 1.0) / size
+            np.testing.assert_allclose(sess.run(emb), want, rtol=1e-6)

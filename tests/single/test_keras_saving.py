@@ -60,3 +60,53 @@ def test_checkpoint_saved_during_fit_loads_and_resumes_in_a_fresh_process(python
     assert "LOADED tfhvd._keras.optimizer ScaledSchedule ExponentialDecay tfhvd._keras.optimizer" \
         in out, out
     assert "RESUMED ExponentialDecay True" in out, out
+
+
+LEGACY_SAVE_AND_LOAD = """
+import os, numpy as np, tensorflow as tf
+import tfhvd.tensorflow.keras as hvd
+keras = tf.keras
+hvd.init()
+x = np.linspace(0, 1, 128, dtype="float32").reshape(32, 4)
+y = x.sum(axis=1, keepdims=True)
+
+@keras.utils.register_keras_serializable(package="Mine")
+class MySGD(keras.optimizers.SGD):
+    pass
+
+makers = {
+    "Adam": lambda: keras.optimizers.Adam(0.01),
+    "legacy.SGD": lambda: keras.optimizers.legacy.SGD(0.02, momentum=0.5),
+    "MySGD": lambda: MySGD(0.03),
+}
+for tag, make in makers.items():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(make()))
+    model.fit(x, y, batch_size=8, verbose=0)
+    for kind in ("h5", "savedmodel"):
+        path = os.path.join(FOLDER, tag + (".h5" if kind == "h5" else ""))
+        model.save(path)
+        for how, load in (("hvd", hvd.load_model), ("keras", keras.models.load_model)):
+            opt = load(path).optimizer
+            print("LOADED", tag, kind, how, isinstance(opt, type(make())),
+                  type(opt).__module__, round(float(opt.learning_rate.numpy()), 4))
+"""
+
+
+def test_tf_keras_model_with_a_distributed_optimizer_loads_from_h5_and_savedmodel(
+        python_run, tmp_path):
+    """Horovod's own test saves a DistributedOptimizer model as a SavedModel and its
+    ResNet-50 example resumes from ``.h5`` files with ``hvd.load_model``: tf-keras
+    reads both with its legacy deserialiser, which found no built-in optimizer by
+    name ("Unknown object: 'Adam'")."""
+    out = python_run(LEGACY_SAVE_AND_LOAD.replace("FOLDER", repr(str(tmp_path))),
+                     env={"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1"},
+                     timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    rate = {"Adam": 0.01, "legacy.SGD": 0.02, "MySGD": 0.03}
+    for tag in rate:
+        for kind in ("h5", "savedmodel"):
+            for how in ("hvd", "keras"):
+                want = "LOADED %s %s %s True tfhvd._keras.optimizer %s" % (
+                    tag, kind, how, rate[tag])
+                assert want in out.stdout, (want, out.stdout)

@@ -5,6 +5,7 @@ one options object reaching the implementation."""
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 
@@ -68,6 +69,31 @@ def test_a_call_reaches_the_implementation_as_one_options_object():
 
 
 def test_num_groups_is_the_older_spelling_of_groups():
-    assert OptimizerOptions(num_groups=3).fusion_groups == 3
-    assert OptimizerOptions(groups=2, num_groups=3).fusion_groups == 2
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        assert OptimizerOptions(num_groups=3).fusion_groups == 3
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        assert OptimizerOptions(groups=2, num_groups=3).fusion_groups == 2
     assert OptimizerOptions().fusion_groups is None
+
+
+@pytest.mark.parametrize("groups", [0, -1, 2.5, True, "2", [1, 2]])
+def test_groups_that_are_not_a_positive_int_or_lists_are_refused_everywhere(groups):
+    """Horovod: "groups should be a non-negative integer or a list of list of
+    tf.Variable" (0 included); tfhvd made them one group without a word."""
+    import keras
+    import tensorflow as tf
+
+    import tfhvd.tensorflow as hvd
+
+    hvd.init()  # the Keras wrapper needs it; init is idempotent for the tests after this
+    makers = [lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=groups),
+              lambda: hvd.DistributedOptimizer(
+                  tf.compat.v1.train.GradientDescentOptimizer(1.0), groups=groups),
+              lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=groups)]
+    for make in makers:
+        with pytest.raises(ValueError, match="groups must be a positive integer .* got %s"
+                           % re.escape(repr(groups))):
+            make()
+    for fine in (None, 1, 3, [[]], ([],)):
+        hvd.DistributedGradientTape(tf.GradientTape(), groups=fine)
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=fine)

@@ -272,20 +272,29 @@ class LearningRateScheduleCallbackImpl:
         """Puts ``schedule * factor`` in place of the optimizer's schedule."""
         scaled_cls = scaled_schedule_class(_flavor.flavor_of(opt))
         if isinstance(schedule, scaled_cls):
+            if self.params is not None and getattr(schedule, "_tfhvd_fit", None) is self.params:
+                # Put in place by another tfhvd LR callback of this fit (Keras hands
+                # every callback of a fit the same params): share its factor, which
+                # the callback whose epochs these are sets, as with a constant
+                # rate.  That callback puts the user's schedule back at the end.
+                self._schedule_factor = schedule.factor
+                return
             # Left by a fit that stopped before on_train_end, or loaded from a
             # checkpoint saved during a fit: the user's schedule is inside it.
             schedule = schedule.schedule
         self._original_schedule = schedule
         self._schedule_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32,
                                             name="tfhvd_lr_factor")
-        opt._learning_rate = scaled_cls(schedule, self._schedule_factor)
+        scaled = scaled_cls(schedule, self._schedule_factor)
+        scaled._tfhvd_fit = self.params
+        opt._learning_rate = scaled
         self.model.make_train_function(force=True)  # retrace with the new schedule
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._schedule_factor = None
         if self._original_schedule is not None:
             self._optimizer()._learning_rate = self._original_schedule
             self._original_schedule = None
-            self._schedule_factor = None
             self.model.train_function = None  # the next fit traces the original schedule
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:

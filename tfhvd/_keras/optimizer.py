@@ -364,6 +364,28 @@ def _class_identity(base: type, flavor: str) -> Dict[str, Any]:
             "registered_name": saving.get_registered_name(base)}
 
 
+def _deserialize_wrapped(flavor: str, identity: Dict[str, Any], config: Dict[str, Any],
+                         custom_objects: Any) -> Any:
+    """The wrapped optimizer, rebuilt from its saved identity and config.
+
+    tf-keras loads ``.h5`` files and SavedModels with its legacy deserialiser,
+    which finds a class by name only among the objects it is given: there the
+    built-in optimizers come from ``tf_keras.optimizers.deserialize`` (which
+    also picks the legacy or the new class from the config), and a registered
+    one by its registered name."""
+    serialization = _flavor.serialization_module(flavor)
+    try:
+        return serialization.deserialize_keras_object(
+            dict(identity, config=config), custom_objects=custom_objects)
+    except ValueError:
+        if flavor == _flavor.KERAS3:
+            raise
+    name = identity.get("registered_name") or identity["class_name"]
+    return _flavor.public_api(flavor).optimizers.deserialize(
+        {"class_name": name, "config": dict(config)}, custom_objects=custom_objects,
+        use_legacy_format=True)
+
+
 def loader_class(flavor: str) -> type:
     """The class registered as ``tfhvd>DistributedOptimizer``: its ``from_config``
     rebuilds the wrapped optimizer from its saved identity, then wraps it.
@@ -386,9 +408,7 @@ def loader_class(flavor: str) -> type:
             if identity is None:
                 raise ValueError("a tfhvd DistributedOptimizer config needs 'optimizer_class' "
                                  "under 'tfhvd'")
-            serialization = _flavor.serialization_module(flavor)
-            base_opt = serialization.deserialize_keras_object(
-                dict(identity, config=config), custom_objects=custom_objects)
+            base_opt = _deserialize_wrapped(flavor, identity, config, custom_objects)
             reduction = GradientReduction.from_config(settings)
             cls_ = distributed_class(type(base_opt), flavor)
             return cls_._tfhvd_create(base_opt.get_config(), reduction, custom_objects)

@@ -18,6 +18,7 @@ from tfhvd.common import basics
 from tfhvd.common.exceptions import NotInitializedError
 from tfhvd.common.process_sets import global_process_set, process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.optimizer_options import checked_groups
 from tfhvd.tensorflow.gradient_tape import grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, adasum_rules,
                                      allgather)
@@ -297,13 +298,7 @@ def check_arguments(compression: Any, backward_passes_per_step: Any, op: Any,
     if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
         raise TypeError("compression must be hvd.Compression.none, .fp16 or .bf16 (or a class "
                         "with compress/decompress); got %r" % (compression,))
-    if groups is not None and not isinstance(groups, int):
-        if not isinstance(groups, (list, tuple)) or not all(
-                isinstance(g, (list, tuple)) for g in groups):
-            raise ValueError("groups must be None, a non-negative int, or a list of lists of "
-                             "variables; got %r" % (groups,))
-    if isinstance(groups, int) and groups < 0:
-        raise ValueError("groups must be >= 0; got %r" % (groups,))
+    checked_groups(groups)
 
 
 def safe_op_name(name: str) -> str:

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
 from tfhvd.tensorflow.compression import Compression
+from tfhvd.tensorflow.optimizer_options import checked_groups
 from tfhvd.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _EagerTensor, adasum_rules,
                                       _grouped_allreduce, allgather, grouped_allgather)
 
@@ -265,7 +266,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._tfhvd_sparse_as_dense = sparse_as_dense
     tape._tfhvd_op = op
     tape._tfhvd_predivide = gradient_predivide_factor
-    tape._tfhvd_groups = groups if groups is not None else (num_groups or None)
+    tape._tfhvd_groups = checked_groups(groups, num_groups)
     tape._tfhvd_local = set()
     tape._tfhvd_scale_local = scale_local_gradients
     tape._tfhvd_process_set = process_set

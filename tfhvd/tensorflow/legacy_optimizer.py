@@ -63,7 +63,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             n = float(process_set_size(self._process_set))
             for i, (g, v) in enumerate(pairs):
                 if g is not None and id(v) in self._local_vars:
-                    grads[i] = g / n
+                    grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                                if isinstance(g, tf.IndexedSlices) else g / n)
         return [(g, v) for g, (_, v) in zip(grads, pairs)]
 
     def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
@@ -187,9 +188,7 @@ def DistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
         if passes != 1:
             raise NotImplementedError("tfhvd: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers, not for tf.compat.v1 optimizers")
-        groups = options.groups
-        if groups is None and options.num_groups:
-            groups = options.num_groups
+        groups = options.fusion_groups
         return _DistributedOptimizer(optimizer, options.name, options.use_locking,
                                      options.compression, options.sparse_as_dense, op,
                                      options.gradient_predivide_factor, groups,

@@ -12,6 +12,7 @@ the optimizer and one :class:`OptimizerOptions`, never a long parameter list.
 
 import dataclasses
 import inspect
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 from tfhvd.common.basics import ProcessSet, global_process_set
@@ -48,8 +49,30 @@ class OptimizerOptions:
     @property
     def fusion_groups(self) -> Any:
         """``groups``, or Horovod's older ``num_groups`` when ``groups`` is unset
-        (None: one fused reduction)."""
-        return self.groups or (self.num_groups or None)
+        (None: one fused reduction), checked by :func:`checked_groups`."""
+        return checked_groups(self.groups, self.num_groups)
+
+
+def checked_groups(groups: Any, num_groups: Any = 0) -> Any:
+    """Horovod's ``groups`` (or its deprecated ``num_groups``), checked as Horovod does.
+
+    Returns None (one fused reduction), a positive int (that many groups) or the
+    list of lists of variables.  ``num_groups`` warns (DeprecationWarning) and
+    stands for ``groups`` when that is unset; 0, a negative or a non-integer
+    number, or anything else is a ValueError naming what was given."""
+    if num_groups is not None and not (isinstance(num_groups, int) and num_groups == 0):
+        warnings.warn("num_groups has been replaced by groups", DeprecationWarning,
+                      stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
+        return groups
+    if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
+        return groups
+    raise ValueError("groups must be a positive integer (that many fused reductions) or a "
+                     "list of lists of tf.Variable; got %r" % (groups,))
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(OptimizerOptions)}
