@@ -215,3 +215,55 @@ def test_reader_casts_floats_to_floatx_and_gives_every_rank_rows(tmp_path):
         ds = reader.make_dataset(store, path, rank, 4, ["s"], ["s"], specs, 1, [[1]], [[1]])
         firsts.append(float(np.ravel(take(ds, 1)[0][0])[0]))
     assert firsts == [0.0, 1.0, 2.0, 0.0]
+
+
+MIXED_PRECISION_MODEL = """
+import io, os, sys, pickle, numpy as np, keras
+import tfhvd.keras as hvd
+from tfhvd.spark.keras import remote
+keras.mixed_precision.set_global_policy("mixed_float16")
+hvd.init()
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.02)))
+x = np.linspace(0, 1, 64, dtype="float32").reshape(16, 4)
+model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+def state(o):
+    # keyed as tfhvd matches them: the copy's inner optimizer has its own path prefix
+    return {"/".join(v.path.split("/")[-2:]): np.array(v) for v in o.variables
+            if "learning_rate" not in v.path}
+before = state(model.optimizer)
+remote.plain_optimizer(model, size=2)
+opt = model.optimizer
+print("OUTER", type(opt).__name__, "INNER", type(opt.inner_optimizer).__module__,
+      "RATE", round(float(np.asarray(opt.inner_optimizer.learning_rate)), 4))
+after = state(opt)
+print("STATE", sorted(before) == sorted(after) and all(np.array_equal(before[k], after[k]) for k in before),
+      len(after))
+path = os.path.join(FOLDER, "m.keras")
+model.save(path)
+model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+print("TRAINS", int(np.asarray(opt.iterations)))
+"""
+
+LOAD_WITHOUT_TFHVD = """
+import os, keras
+model = keras.models.load_model(os.path.join(FOLDER, "m.keras"))
+print("LOADED", type(model.optimizer).__name__, type(model.optimizer.inner_optimizer).__module__)
+"""
+
+
+def test_a_mixed_precision_model_comes_back_with_a_plain_optimizer(python_run, tmp_path):
+    """Under mixed_float16 Keras wraps the DistributedOptimizer in a
+    LossScaleOptimizer: the estimator's trained model kept tfhvd's optimizer
+    inside it (unusable without hvd.init(), not loadable without tfhvd)."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = python_run(MIXED_PRECISION_MODEL.replace("FOLDER", repr(str(tmp_path))), env=env,
+                     timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "OUTER LossScaleOptimizer INNER keras.src.optimizers.adam RATE 0.01" in out.stdout, \
+        out.stdout
+    assert "STATE True" in out.stdout and "TRAINS 4" in out.stdout, out.stdout
+    out = python_run(LOAD_WITHOUT_TFHVD.replace("FOLDER", repr(str(tmp_path))), env=env,
+                     timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "LOADED LossScaleOptimizer keras.src.optimizers.adam" in out.stdout, out.stdout

@@ -88,7 +88,28 @@ def _wrap_plain(optimizer: Any, reduction: GradientReduction, flavor: str) -> An
 
 
 def _wrap_loss_scale(lso: Any, reduction: GradientReduction, flavor: str) -> Any:
-    inner = _wrap_plain(lso.inner_optimizer, reduction, flavor)
+    return _loss_scale_like(lso, _wrap_plain(lso.inner_optimizer, reduction, flavor), flavor)
+
+
+def plain_copy(optimizer: Any, trainable_variables: Optional[List[Any]] = None) -> Any:
+    """The plain Keras optimizer of a DistributedOptimizer (also inside a
+    LossScaleOptimizer): same class, config and state, usable without tfhvd.
+    Anything else is returned as it is."""
+    flavor = _flavor.flavor_of(optimizer)
+    inner = _flavor.inner_optimizer(optimizer)
+    if flavor is None or not is_distributed(inner):
+        return optimizer
+    config = dict(inner.get_config())
+    config.pop("tfhvd", None)
+    plain = type(inner)._tfhvd_base.from_config(config)
+    if _flavor.is_loss_scale_optimizer(optimizer):
+        plain = _loss_scale_like(optimizer, plain, flavor)
+    _copy_state(optimizer, plain, flavor, trainable_variables)
+    return plain
+
+
+def _loss_scale_like(lso: Any, inner: Any, flavor: str) -> Any:
+    """A LossScaleOptimizer around ``inner`` with ``lso``'s loss-scale settings."""
     lso_cls = _flavor.loss_scale_optimizer_class(flavor)
     if flavor == _flavor.KERAS3:
         return lso_cls(inner, initial_scale=lso.initial_scale,

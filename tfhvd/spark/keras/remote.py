@@ -197,21 +197,17 @@ def scale_learning_rate(model: Any, factor: float) -> Optional[float]:
 
 def plain_optimizer(model: Any, size: int = 1) -> None:
     """Recompiles ``model`` with its DistributedOptimizer's plain Keras
-    optimizer (same class, config and state), as Horovod's trained model comes
-    back with its optimizer: usable without ``hvd.init()``, its constant
-    learning rate divided back by ``size`` (training multiplied it).  A
-    LossScaleOptimizer is left as it is."""
+    optimizer (same class, config and state; inside its LossScaleOptimizer when
+    it has one), as Horovod's trained model comes back with its optimizer:
+    usable without ``hvd.init()``, its constant learning rate divided back by
+    ``size`` (training multiplied it)."""
     from tfhvd._keras import api
-    from tfhvd._keras import flavor as kflavor
     from tfhvd._keras import optimizer as kopt
 
     opt = getattr(model, "optimizer", None)
-    if not kopt.is_distributed(opt) or kflavor.is_loss_scale_optimizer(opt):
+    plain = kopt.plain_copy(opt, list(model.trainable_variables))
+    if plain is opt:
         return
-    config = dict(opt.get_config())
-    config.pop("tfhvd", None)
-    plain = type(opt)._tfhvd_base.from_config(config)
-    kopt._copy_state(opt, plain, kflavor.flavor_of(opt), list(model.trainable_variables))
     api._recompile(model, plain)
     scale_learning_rate(model, 1.0 / size)
 
