@@ -218,6 +218,7 @@ def test_keras_fit_weights_equal_tfhvdrun():
 def test_raise_on_one_rank_names_it_with_traceback():
     ex = _executor()
     pids = _actor_pids(ex)
+    group = ex._pg.id.hex()
     with pytest.raises(WorkerError) as info:
         ex.run(jobs.fails_on_rank_one)
     e = info.value
@@ -225,7 +226,14 @@ def test_raise_on_one_rank_names_it_with_traceback():
     assert "rank 1 raised ValueError: rank one's deliberate failure" in str(e)
     assert "fails_on_rank_one" in e.worker_traceback
     assert jobs.wait_gone(pids) == [], "the job's actors outlived its failure"
-    ex.shutdown()
+    # The failed job gave back its placement group (a start() after it waited
+    # for CPUs the orphaned group held, then timed out), and start() again works.
+    assert ray.util.placement_group_table()[group]["state"] == "REMOVED"
+    ex.start()
+    try:
+        jobs.check_collectives(ex.run(jobs.collectives, args=["again"]), "again")
+    finally:
+        ex.shutdown()
 
 
 def test_killed_actor_ends_the_job_within_30s():

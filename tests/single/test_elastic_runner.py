@@ -207,3 +207,24 @@ def test_waiting_for_slots_says_what_it_has_every_few_seconds(tmp_path, monkeypa
     assert "of --elastic-timeout 3 s" in lines[0], lines[0]
     assert "timed out after 3 s (--elastic-timeout)" in err
     assert not [r for r in recs if r["ev"] == "start"]
+
+
+def test_waiting_line_names_blacklisted_hosts_and_their_cooldown():
+    """A host blacklisted after a failure is still offered by discovery: the
+    line said "hosts from discovery: none" and never named the blacklist."""
+    from tfhvd.runner.elastic import discovery as disc
+    from tfhvd.runner.elastic.driver import ElasticDriver
+
+    clock = [100.0]
+    for cooldown, want in ((None, "blacklisted after a failure: b (for the rest of the job: "
+                                  "--blacklist-cooldown-range lets a host come back)"),
+                           ((10, 20), "blacklisted after a failure: b (back in ")):
+        hosts = disc.HostManager(disc.FixedHosts({"a": 1, "b": 2}), cooldown=cooldown,
+                                 clock=lambda: clock[0])
+        hosts.update_available_hosts()
+        hosts.blacklist("b")
+        driver = ElasticDriver(hosts, np=3, min_np=3, max_np=None,
+                               spawn=lambda w, world: None, terminate=lambda w: None)
+        line = driver._progress(3, 1, "at least --min-np 3 slots", 50.0)
+        assert "1 of 3 usable (hosts from discovery: a:1, b:2; " + want in line, line
+        assert hosts.current_hosts() == [("a", 1)]

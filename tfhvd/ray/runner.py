@@ -345,14 +345,14 @@ class RayExecutor:
                    for w, s in zip(self.workers, slots)], self.settings.timeout_s,
                   "bootstrapping the workers")
         wait_refs([w.start_executable.remote(cls, args, kwargs) for w in self.workers],
-                  self._stop_workers)
+                  self.shutdown)
 
     def _get(self, refs: List, timeout: float, what: str) -> List[Any]:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if len(ready) < len(refs):
             raise TimeoutError("RayExecutor: %s took longer than timeout_s=%g (%d of %d "
                                "workers answered)" % (what, timeout, len(ready), len(refs)))
-        return wait_refs(refs, self._stop_workers, "worker")
+        return wait_refs(refs, self.shutdown, "worker")
 
     # ---- calls ------------------------------------------------------------
     def _check_started(self, what: str) -> None:
@@ -377,7 +377,7 @@ class RayExecutor:
         elastic mode, :meth:`ElasticRayExecutor.run`."""
         if self._elastic is not None:
             return self._elastic.run(fn, callbacks=callbacks, args=args, kwargs=kwargs)
-        results = wait_refs(self.run_remote(fn, args, kwargs), self._stop_workers)
+        results = wait_refs(self.run_remote(fn, args, kwargs), self.shutdown)
         for cb in callbacks or ():
             cb(results)
         return results
@@ -386,7 +386,7 @@ class RayExecutor:
         """``fn(executable)`` on every rank (the object ``start`` built); results
         in rank order."""
         self._check_started("execute")
-        results = wait_refs([w.execute.remote(fn) for w in self.workers], self._stop_workers)
+        results = wait_refs([w.execute.remote(fn) for w in self.workers], self.shutdown)
         for cb in callbacks or ():
             cb(results)
         return results
@@ -394,7 +394,7 @@ class RayExecutor:
     def execute_single(self, fn: Callable) -> Any:
         """``fn(executable)`` on rank 0 only (it must not need the other ranks)."""
         self._check_started("execute_single")
-        return wait_refs([self.workers[0].execute.remote(fn)], self._stop_workers)[0]
+        return wait_refs([self.workers[0].execute.remote(fn)], self.shutdown)[0]
 
     # ---- end --------------------------------------------------------------
     def _stop_workers(self) -> None:

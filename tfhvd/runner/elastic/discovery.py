@@ -191,6 +191,21 @@ class HostManager:
         st = self._states.get(host)
         return bool(st and not st.available(self.clock()))
 
+    def discovered_hosts(self) -> List[Tuple[str, int]]:
+        """``[(host, slots)]`` as discovery last gave them, blacklisted ones included."""
+        return [(h, self._slots[h]) for h in self._order if h in self._slots]
+
+    def blacklisted_hosts(self) -> List[Tuple[str, Optional[float]]]:
+        """Discovered hosts blacklisted now, each with the seconds left of its
+        cooldown (None: blacklisted for the rest of the job)."""
+        now = self.clock()
+        out: List[Tuple[str, Optional[float]]] = []
+        for host, _ in self.discovered_hosts():
+            st = self._states.get(host)
+            if st is not None and not st.available(now):
+                out.append((host, max(0.0, st.until - now) if st.cooldown else None))
+        return out
+
     def current_hosts(self) -> List[Tuple[str, int]]:
         """``[(host, slots)]`` usable now, older hosts first."""
         return [(h, self._available[h]) for h in self._order if h in self._available]

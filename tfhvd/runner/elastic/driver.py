@@ -314,17 +314,27 @@ class ElasticDriver:
             if left <= 0 or self.done:
                 raise ElasticJobFailed(
                     "tfhvd elastic: timed out after %g s (--elastic-timeout) waiting for %s; "
-                    "%d usable (hosts %s)" % (self.timeout, what, len(members),
-                                              self.hosts.current_hosts() or "none"))
+                    "%d usable (%s)" % (self.timeout, what, len(members), self._hosts_text()))
             self.cond.wait(min(left, DISCOVER_HOSTS_FREQUENCY_S))
 
     def _progress(self, need: int, have: int, what: str, left: float) -> str:
         """The line a driver waiting for slots prints every few seconds."""
-        hosts = self.hosts.current_hosts()
-        listed = ", ".join("%s:%d" % h for h in hosts) if hosts else "none"
-        return ("waiting for %s: %d of %d usable (hosts from discovery: %s); "
-                "%.0f s left of --elastic-timeout %g s" % (what, have, need, listed,
+        return ("waiting for %s: %d of %d usable (%s); "
+                "%.0f s left of --elastic-timeout %g s" % (what, have, need, self._hosts_text(),
                                                            max(0.0, left), self.timeout))
+
+    def _hosts_text(self) -> str:
+        """What discovery offers, and which of those hosts are blacklisted."""
+        hosts = self.hosts.discovered_hosts()
+        text = "hosts from discovery: %s" % (
+            ", ".join("%s:%d" % h for h in hosts) if hosts else "none")
+        black = self.hosts.blacklisted_hosts()
+        if black:
+            text += "; blacklisted after a failure: " + ", ".join(
+                "%s (back in %.0f s)" % (h, left) if left is not None else
+                "%s (for the rest of the job: --blacklist-cooldown-range lets a host come "
+                "back)" % h for h, left in black)
+        return text
 
     def _open_round(self, members: List[str], survivors: List[str]) -> None:
         prev = self.world
