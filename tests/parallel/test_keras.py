@@ -450,6 +450,20 @@ def test_sync_batch_norm_equals_batch_norm_on_global_batch():
     kc.assert_equivalent(result)
 
 
+def test_sync_batch_norm_of_data_far_from_zero_equals_batch_norm():
+    """Data whose mean is large against its spread (1000 +- 0.1, a fresh layer's
+    moving mean 0): the one-pass E[x^2] - E[x]^2 over the ranks cancelled the
+    variance, and the outputs were off by up to 6."""
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.RandomState(7)
+    full = (1000.0 + 0.1 * rng.randn(4 * n, 3)).astype("float32")
+    mine = slice(4 * r, 4 * (r + 1))
+    out = np.asarray(hvd.SyncBatchNormalization()(full[mine], training=True))
+    want = np.asarray(keras.layers.BatchNormalization()(full, training=True))[mine]
+    np.testing.assert_allclose(out, want, atol=0.05)
+    assert np.all(np.abs(want) < 3.0)
+
+
 def test_tf_keras_front_end_is_the_same_implementation():
     import tensorflow as tf
 

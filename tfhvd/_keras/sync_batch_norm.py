@@ -1,15 +1,20 @@
 """``SyncBatchNormalization``: batch normalisation whose batch statistics are
 computed over the global batch (all ranks) during training.
 
-In training each rank sums ``x - s``, ``(x - s)**2`` and the element count over
-its local batch, one allreduce adds them over ranks, and
+In training each rank computes, over its local batch, the element count
+``n_i``, the mean ``m_i`` and the sum of squared deviations from it ``M2_i``
+(two passes over the local batch); one allgather gives every rank all of them,
+and each rank combines them (Chan et al.'s parallel variance):
 
-    mean = s + S1 / N,        variance = S2 / N - (S1 / N)**2
+    N = sum n_i,   mean = sum n_i m_i / N,
+    variance = (sum M2_i + sum n_i (m_i - mean)**2) / N
 
-with the shift ``s`` the layer's moving mean (equal on all ranks), which keeps
-the one-pass variance accurate.  The allreduce has a gradient, so the backward
-pass is the exact gradient of the global-batch statistics.  In inference and
-with one rank the layer is Keras's ``BatchNormalization``.
+No step subtracts two large numbers, so data whose mean is large against its
+spread (1000 +- 0.1) gets Keras's own variance; the one-pass ``E[x^2] - E[x]^2``
+over ranks (Horovod's) cancels it to 0 there.  The allgather's gradient sums
+the upstream gradients over ranks, so the backward pass is the exact gradient
+of the global-batch statistics.  In inference and with one rank the layer is
+Keras's ``BatchNormalization``.
 """
 
 from typing import Any, Dict, Optional
@@ -19,7 +24,7 @@ import tensorflow as tf
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.reduction import collective_name
 from tfhvd.common.process_sets import process_set_reduces
-from tfhvd.tensorflow.mpi_ops import Sum, _allreduce
+from tfhvd.tensorflow.mpi_ops import Sum, _allreduce, allgather, rank_op
 
 _CLASSES: Dict[str, type] = {}
 
@@ -32,32 +37,34 @@ def global_moments(x: tf.Tensor, axes, weights: Optional[tf.Tensor], shift: tf.T
       x: a float32 tensor.
       axes: the reduced axes.
       weights: per-element weights broadcastable to ``x`` (a mask), or None.
-      shift: a tensor broadcastable to the kept shape, equal on all ranks.
+      shift: a tensor broadcastable to the kept shape, equal on all ranks
+        (subtracted first: the local sums stay small when it is near the data).
       keepdims: keep the reduced axes (size 1) in the result.
       name: the kind of collective; numbered per traced function (see
         ``tfhvd._keras.reduction.collective_name``).
     """
     axes = list(axes)
-    d = x - tf.stop_gradient(tf.cast(shift, x.dtype))
+    shift = tf.stop_gradient(tf.cast(shift, x.dtype))
+    d = x - shift
     if weights is None:
-        s1 = tf.reduce_sum(d, axis=axes, keepdims=True)
-        s2 = tf.reduce_sum(tf.square(d), axis=axes, keepdims=True)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-        n = tf.ones_like(s1) * count
+        n = tf.ones_like(tf.reduce_sum(d, axis=axes, keepdims=True)) * count
+        local_mean = tf.reduce_sum(d, axis=axes, keepdims=True) / tf.maximum(n, 1.0)
+        m2 = tf.reduce_sum(tf.square(d - local_mean), axis=axes, keepdims=True)
     else:
         w = tf.broadcast_to(tf.cast(weights, x.dtype), tf.shape(x))
-        s1 = tf.reduce_sum(d * w, axis=axes, keepdims=True)
-        s2 = tf.reduce_sum(tf.square(d) * w, axis=axes, keepdims=True)
         n = tf.reduce_sum(w, axis=axes, keepdims=True)
-    kept_shape = tf.shape(s1)
-    packed = tf.stack([tf.reshape(s1, [-1]), tf.reshape(s2, [-1]),
-                       tf.reshape(tf.stop_gradient(n), [-1])])
-    total = _sum_over_ranks(packed, collective_name(name))
-    s1_all, s2_all, n_all = tf.unstack(total)
-    n_all = tf.maximum(n_all, 1.0)
-    mean_d = s1_all / n_all
-    variance = tf.maximum(s2_all / n_all - tf.square(mean_d), 0.0)
-    mean = tf.reshape(mean_d, kept_shape) + tf.stop_gradient(tf.cast(shift, x.dtype))
+        local_mean = tf.reduce_sum(d * w, axis=axes, keepdims=True) / tf.maximum(n, 1.0)
+        m2 = tf.reduce_sum(tf.square(d - local_mean) * w, axis=axes, keepdims=True)
+    kept_shape = tf.shape(local_mean)
+    packed = tf.stack([tf.reshape(tf.stop_gradient(n), [-1]), tf.reshape(local_mean, [-1]),
+                       tf.reshape(m2, [-1])])
+    n_r, mean_r, m2_r = tf.unstack(_gather_over_ranks(packed, collective_name(name)), axis=1)
+    n_all = tf.maximum(tf.reduce_sum(n_r, axis=0), 1.0)
+    mean_d = tf.reduce_sum(n_r * mean_r, axis=0) / n_all
+    variance = (tf.reduce_sum(m2_r, axis=0)
+                + tf.reduce_sum(n_r * tf.square(mean_r - mean_d), axis=0)) / n_all
+    mean = tf.reshape(mean_d, kept_shape) + shift
     variance = tf.reshape(variance, kept_shape)
     if not keepdims:
         mean = tf.squeeze(mean, axis=axes)
@@ -65,18 +72,21 @@ def global_moments(x: tf.Tensor, axes, weights: Optional[tf.Tensor], shift: tf.T
     return mean, variance
 
 
-def _sum_over_ranks(x: tf.Tensor, name: str) -> tf.Tensor:
-    """Allreduce-sum whose gradient (also a sum) is named after the forward op,
-    so that the backward collective too has the same name on every rank."""
+def _gather_over_ranks(x: tf.Tensor, name: str) -> tf.Tensor:
+    """``x`` of every rank stacked on a new first axis (rank order).  Its
+    gradient is this rank's slice of the upstream gradients summed over the
+    ranks (each rank's statistics reach every rank's loss); the backward
+    collective is named after the forward one, the same on every rank."""
 
     @tf.custom_gradient
-    def _sum(t):
+    def _gather(t):
         def grad(dy):
-            return _allreduce(dy, op=Sum, name=name + "_grad", ignore_name_scope=True)
+            total = _allreduce(dy, op=Sum, name=name + "_grad", ignore_name_scope=True)
+            return tf.gather(total, rank_op())
 
-        return _allreduce(t, op=Sum, name=name, ignore_name_scope=True), grad
+        return allgather(tf.expand_dims(t, 0), name=name, ignore_name_scope=True), grad
 
-    return _sum(x)
+    return _gather(x)
 
 
 def _broadcast_shift(moving_mean, input_shape, axis) -> tf.Tensor:
