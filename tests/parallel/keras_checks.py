@@ -226,3 +226,31 @@ def assert_metric_average(result: Dict[str, Any]) -> None:
                                        err_msg="%s at epoch %d is not the average" % (key,
                                                                                      epoch))
     assert differs or len(local) == 1, "every rank had the same metrics; nothing was averaged"
+
+
+def loss_scaled_run(keras: Any, hvd: Any, jit: bool, policy: str = "mixed_float16",
+                    **dist_kwargs: Any) -> Dict[str, Any]:
+    """Four SGD steps of a regression whose gradients (a few units) times the
+    initial loss scale (2**15) pass fp16's range: the weights, the loss scale
+    and ``iterations`` after them, under ``policy`` (put back to float32)."""
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.RandomState(0)
+    x = rng.randn(n, 16, 6).astype("float32")[r]
+    y = (3.0 * rng.randn(n, 16, 1)).astype("float32")[r]
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(100 + r)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, dtype="float32")])
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01),
+                                                         **dist_kwargs),
+                      loss="mse", jit_compile=jit)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    opt = model.optimizer
+    scale = getattr(opt, "dynamic_scale", None)
+    if scale is None:
+        scale = getattr(opt, "loss_scale", 1.0)
+    return {"weights": [w.copy() for w in model.get_weights()],
+            "scale": float(np.asarray(scale)), "iterations": int(np.asarray(opt.iterations))}

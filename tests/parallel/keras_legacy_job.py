@@ -113,6 +113,22 @@ def check_jit_compile_mixed_precision():
         keras.mixed_precision.set_global_policy("float32")
 
 
+def check_loss_scaling_reduces_once_and_xla_reduces_the_same():
+    """tf-keras's LossScaleOptimizer.minimize: the distributed optimizer reduced the
+    scaled gradients and then their unscaled copies again (op=Sum: twice the
+    update); the XLA split must reduce what that step reduces (fp16 on the wire)."""
+    plain32 = kc.loss_scaled_run(keras, hvd, False, policy="float32", op=hvd.Sum)
+    mixed = kc.loss_scaled_run(keras, hvd, False, op=hvd.Sum)
+    assert mixed["iterations"] == plain32["iterations"] == 4, (mixed, plain32)
+    for a, b in zip(mixed["weights"], plain32["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-3)
+    xla = kc.loss_scaled_run(keras, hvd, True, compression=hvd.Compression.fp16)
+    plain = kc.loss_scaled_run(keras, hvd, False, compression=hvd.Compression.fp16)
+    assert (xla["scale"], xla["iterations"]) == (plain["scale"], plain["iterations"])
+    for a, b in zip(xla["weights"], plain["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def check_jit_compile_sync_batch_norm_off():
     model, _, messages = _fit_jit(lambda: keras.optimizers.SGD(0.1), True,
                                   norm_layer=lambda: hvd.SyncBatchNormalization())
@@ -201,6 +217,7 @@ def check_save_load():
 CHECKS = [check_flavour, check_sgd_momentum, check_adam_clipnorm, check_rmsprop_global_clipnorm,
           check_optimizer_v2, check_backward_passes_per_step_2, check_warmup,
           check_metric_average, check_jit_compile, check_jit_compile_mixed_precision,
+          check_loss_scaling_reduces_once_and_xla_reduces_the_same,
           check_jit_compile_sync_batch_norm_off, check_sync_batch_norm, check_mixed_precision,
           check_subclassed_model_broadcast_fallback, check_save_load]
 

@@ -103,6 +103,17 @@ def test_xla_fit_with_loss_scaling():
     _assert_same_as_plain(pair, tol=5e-3)
 
 
+def test_xla_fit_with_loss_scaling_and_fp16_on_the_wire():
+    """The split reduced the loss-scaled gradients where the step without XLA
+    reduces unscaled ones: compressed to fp16 they overflowed, and the XLA fit
+    skipped steps (loss scale 8192) that the plain fit applied (32768)."""
+    xla = kc.loss_scaled_run(keras, hvd, True, compression=hvd.Compression.fp16)
+    plain = kc.loss_scaled_run(keras, hvd, False, compression=hvd.Compression.fp16)
+    assert (xla["scale"], xla["iterations"]) == (plain["scale"], plain["iterations"])
+    for a, b in zip(xla["weights"], plain["weights"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def _embedding_model(seed: int) -> Any:
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((kc.FEATURES,), dtype="int32"),

@@ -92,6 +92,9 @@ def test_collective_in_a_function_called_by_a_jit_function_compiles_too():
     ("broadcast", lambda x: hvd.broadcast(x, 0)),
     ("alltoall", lambda x: hvd.alltoall(x)),
     ("reducescatter", lambda x: hvd.reducescatter(x)),
+    # these two failed at run time with TensorFlow's own "unsupported operations"
+    ("barrier", lambda x: [hvd.barrier(), x][1]),
+    ("join", lambda x: x + tf.cast(hvd.join(), x.dtype)),
 ])
 def test_other_collectives_in_a_jit_function(kind, call):
     fn = tf.function(lambda x: call(x) * 1.0, jit_compile=True)

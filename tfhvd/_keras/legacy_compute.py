@@ -25,6 +25,7 @@ from tfhvd.tensorflow.asynchronous import keras as async_modes
 
 _IN_MINIMIZE = "_tfhvd_in_minimize"
 _REDUCED = "_tfhvd_reduced_ids"
+_LOCAL_COMPUTED = "_tfhvd_local_computed"
 
 
 class AggregationHelper:
@@ -82,6 +83,7 @@ def compute_gradients(opt: Any, base: Any, loss: Any, var_list: Any, grad_loss: 
         pairs = base.compute_gradients(loss, var_list, tape=tape)
     pairs = list(pairs)
     if opt.__dict__.get(_IN_MINIMIZE):
+        opt.__dict__[_LOCAL_COMPUTED] = True
         return pairs  # minimize(): apply_gradients reduces (tfhvd's fit path)
     grads = [g for g, _ in pairs]
     variables = [v for _, v in pairs]
@@ -149,6 +151,26 @@ def _accumulate(opt: Any, grads: Sequence[Any], variables: Sequence[Any]) -> Lis
     for i, r in zip(present, result):
         out[i] = r
     return out
+
+
+def mark_reduced_like(opt: Any, sources: Sequence[Any], results: Sequence[Any]) -> None:
+    """``results[i]`` (the loss-scale optimizer's unscaled ``sources[i]``) count as
+    reduced where ``sources[i]`` was: Horovod's order under tf-keras reduces the
+    scaled gradients in ``compute_gradients``, and ``apply_gradients`` must not
+    reduce their unscaled copies again."""
+    ids = opt.__dict__.get(_REDUCED)
+    if ids:
+        opt.__dict__[_REDUCED] = set(ids) | {id(r) for s, r in zip(sources, results)
+                                             if s is not None and id(s) in ids}
+
+
+def computed_local_gradients(opt: Any, clear: bool = False) -> bool:
+    """Whether ``compute_gradients`` ran inside ``minimize`` (local gradients, reduced
+    when applied) since the flag was last cleared; ``clear`` clears it."""
+    seen = bool(opt.__dict__.get(_LOCAL_COMPUTED))
+    if clear:
+        opt.__dict__.pop(_LOCAL_COMPUTED, None)
+    return seen
 
 
 def pre_reduced(opt: Any, pairs: Sequence[Tuple[Any, Any]]) -> bool:

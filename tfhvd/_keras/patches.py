@@ -1,4 +1,4 @@
-"""The three places where tfhvd changes Keras's own classes, installed on first use.
+"""The places where tfhvd changes Keras's own classes, installed on first use.
 
 1. **XLA kept on around the collectives.**  tfhvd's collectives are
    asynchronous TensorFlow kernels without an XLA lowering, so a train step
@@ -27,6 +27,10 @@
    optimizer is a tfhvd ``DistributedOptimizer`` the wrapped ``compile`` drops it
    with a warning, and Horovod's programs compile unchanged.  Any other model
    still gets Keras's own error.
+
+4. **tf-keras's ``LossScaleOptimizer.get_unscaled_gradients``** keeps the mark
+   of gradients the distributed optimizer already reduced (see
+   ``_unscaled_stay_reduced``).
 
 The wrappers leave models and optimizers that do not use tfhvd untouched.
 """
@@ -61,9 +65,31 @@ def install(flavor: str) -> None:
         _wrap(Trainer, "compile", _compile_keras3)
     else:
         from tf_keras.src.engine.training import Model
+        from tf_keras.src.mixed_precision import loss_scale_optimizer as lso
 
         _wrap(Model, "make_train_function", _make_train_function_legacy)
+        for cls in (lso.LossScaleOptimizer, lso.LossScaleOptimizerV3):
+            _wrap(cls, "get_unscaled_gradients", _unscaled_stay_reduced)
     _installed.add(flavor)
+
+
+def _unscaled_stay_reduced(original: Callable) -> Callable:
+    """tf-keras's ``LossScaleOptimizer.minimize`` has the distributed optimizer
+    reduce the scaled gradients (``compute_gradients``, Horovod's order), then
+    unscales them into new tensors: those count as reduced, so that
+    ``apply_gradients`` does not reduce them a second time (with ``op=hvd.Sum``
+    that doubled the update)."""
+    def get_unscaled_gradients(self, grads):
+        grads = list(grads)
+        unscaled = original(self, grads)
+        inner = getattr(self, "inner_optimizer", None)
+        if is_distributed(inner):
+            from tfhvd._keras import legacy_compute
+
+            legacy_compute.mark_reduced_like(inner, grads, unscaled)
+        return unscaled
+
+    return get_unscaled_gradients
 
 
 def _wrap(cls: type, name: str, factory: Callable[[Callable], Callable]) -> None:

@@ -20,8 +20,9 @@ from three parts instead of one compiled function:
    decides on gradients that are equal on every rank, so its collective
    finiteness check is skipped too.
 
-The only numerical difference from the non-XLA step is that a loss-scaled
-gradient is reduced before it is unscaled (by a power of two), and XLA's own
+The reduction sees the values the non-XLA step reduces (a loss-scaled
+gradient is multiplied or divided by the loss scale around it, see
+``SplitTrainStep._wire_factor``); the only numerical difference is XLA's own
 rounding.
 
 Some steps cannot be split; they run without XLA, with a warning naming why:
@@ -155,6 +156,7 @@ class SplitTrainStep:
         self.flavor = flavor
         self.split: Optional[bool] = None
         self._capture: Optional[_Capture] = None
+        self._through_minimize = False
         name = safe_op_name(str(getattr(model, "name", "model")))
         self.compute = tf.function(_named(self._compute, "%s_forward_backward" % name),
                                    jit_compile=True, reduce_retracing=True, autograph=False)
@@ -167,9 +169,11 @@ class SplitTrainStep:
         optimizer = self.model.optimizer
         attr = "apply" if self.flavor == _flavor.KERAS3 else "apply_gradients"
         capture = _Capture(optimizer, attr)
-        with capture, _minimize_scope(optimizer, self.flavor):
+        scope = _minimize_scope(optimizer, self.flavor)
+        with capture, scope:
             logs = self.train_step(data)
         self._capture = capture
+        self._through_minimize = scope.computed_local()
         grads = capture.calls[0][0] if len(capture.calls) == 1 else []
         return logs, grads
 
@@ -190,9 +194,28 @@ class SplitTrainStep:
             return self.train_step(data)
         logs, grads = self.compute(data)
         _, variables, _, kwargs = self._capture.calls[0]
-        grads = self._reduce(list(grads), variables, kwargs)
+        grads = self._reduce(list(grads), variables, kwargs, self._wire_factor())
         self.update(grads)
         return logs
+
+    def _wire_factor(self) -> Optional[tf.Tensor]:
+        """What the recorded gradients are multiplied by for the reduction (and
+        divided by after it), so that it reduces the values the step without XLA
+        reduces: the same numbers on the wire, which matters with
+        ``Compression.fp16`` (a loss-scaled gradient can pass fp16's range).
+        Keras 3's step reduces unscaled gradients (the LossScaleOptimizer
+        unscales before the distributed optimizer's ``apply``) where the split
+        records scaled ones; tf-keras's ``minimize`` reduces scaled gradients
+        (``compute_gradients``, Horovod's order) where the split records the
+        unscaled ones its LossScaleOptimizer applies.  None: no change."""
+        optimizer = self.model.optimizer
+        if not _flavor.is_loss_scale_optimizer(optimizer):
+            return None
+        if self.flavor == _flavor.KERAS3:
+            return 1.0 / tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale), tf.float32)
+        if self._through_minimize:
+            return tf.cast(tf.convert_to_tensor(optimizer.loss_scale), tf.float32)
+        return None
 
     def _trace_compute(self, data: Any) -> bool:
         try:
@@ -213,8 +236,10 @@ class SplitTrainStep:
         self.split = False
         return False
 
-    def _reduce(self, grads: List[Any], variables: Any, kwargs: dict) -> List[Any]:
-        """The optimizer's reduction, outside XLA, of the gradients it would reduce."""
+    def _reduce(self, grads: List[Any], variables: Any, kwargs: dict,
+                factor: Optional[tf.Tensor] = None) -> List[Any]:
+        """The optimizer's reduction, outside XLA, of the gradients it would reduce
+        (times ``factor`` on the wire, see ``_wire_factor``)."""
         if kwargs.get("skip_gradients_aggregation") or kwargs.get(
                 "experimental_aggregate_gradients", True) is False:
             return grads  # tf-keras callers that asked for no aggregation
@@ -228,10 +253,19 @@ class SplitTrainStep:
                 if g is not None and not getattr(v, "overwrite_with_gradient", False)]
         if not todo:
             return grads
-        reduced = reduction.reduce([grads[i] for i in todo], [variables[i] for i in todo])
+        sent = [grads[i] if factor is None else _times(grads[i], factor) for i in todo]
+        reduced = reduction.reduce(sent, [variables[i] for i in todo])
         for i, r in zip(todo, reduced, strict=True):
-            grads[i] = r
+            grads[i] = r if factor is None else _times(r, 1.0 / factor)
         return grads
+
+
+def _times(g: Any, factor: tf.Tensor) -> Any:
+    """``g * factor`` (a power of two: exact), IndexedSlices kept sparse."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices,
+                                g.dense_shape)
+    return g * tf.cast(factor, g.dtype)
 
 
 def _named(method: Callable, name: str) -> Callable:
@@ -251,13 +285,25 @@ class _minimize_scope:
 
     def __init__(self, optimizer: Any, flavor: str) -> None:
         self._scope = None
+        self._inner = _flavor.inner_optimizer(optimizer)
         if flavor == _flavor.LEGACY:
             from tfhvd._keras.legacy_compute import InMinimize
 
-            self._scope = InMinimize(_flavor.inner_optimizer(optimizer))
+            self._scope = InMinimize(self._inner)
+
+    def computed_local(self) -> bool:
+        """Whether the traced step computed its gradients through ``minimize``."""
+        if self._scope is None:
+            return False
+        from tfhvd._keras.legacy_compute import computed_local_gradients
+
+        return computed_local_gradients(self._inner)
 
     def __enter__(self) -> None:
         if self._scope is not None:
+            from tfhvd._keras.legacy_compute import computed_local_gradients
+
+            computed_local_gradients(self._inner, clear=True)
             self._scope.__enter__()
 
     def __exit__(self, *exc: Any) -> None:

@@ -455,6 +455,7 @@ def join() -> tf.Tensor:
     """
     if not basics.is_initialized():
         raise NotInitializedOpError()
+    xla.check_not_compiled("join")
     return _distinct(_ops().horovod_join())
 
 
@@ -465,6 +466,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operati
     (``sess.run`` it), as Horovod does."""
     if not basics.is_initialized():
         raise NotInitializedOpError()
+    xla.check_not_compiled("barrier")
     return _distinct(_ops().horovod_barrier(process_set_id=check_process_set(process_set)))
 
 
