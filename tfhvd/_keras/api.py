@@ -62,8 +62,8 @@ def DistributedOptimizer(optimizer: Any, options: OptimizerOptions) -> Any:
         next step (see docs/async.md; add ``hvd.DelayedGradientsCallback()``).
 
     Clipping set on the optimizer (``clipnorm``, ``clipvalue``,
-    ``global_clipnorm``) applies to the averaged gradient.  A model compiled with
-    it runs its train step without XLA (a one-line warning says so).
+    ``global_clipnorm``) applies to the averaged gradient, with or without XLA
+    (``jit_compile``: the step is split around the reduction, docs/keras.md).
 
     Raises:
       TypeError: ``optimizer`` is not a Keras optimizer instance.
