@@ -313,8 +313,9 @@ def _resolve_compression(name: str) -> Any:
                      "compression=... to hvd.load_model" % (name,))
 
 
-def scaled_gradient(g: Any, scale: float) -> Any:
-    if scale == 1.0:
+def scaled_gradient(g: Any, scale: Any) -> Any:
+    """``g * scale`` (a Python number or a scalar tensor), IndexedSlices kept sparse."""
+    if isinstance(scale, (int, float)) and scale == 1.0:
         return g
     if isinstance(g, tf.IndexedSlices):
         return tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype), g.indices,

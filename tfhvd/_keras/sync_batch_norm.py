@@ -47,9 +47,10 @@ def global_moments(x: tf.Tensor, axes, weights: Optional[tf.Tensor], shift: tf.T
     shift = tf.stop_gradient(tf.cast(shift, x.dtype))
     d = x - shift
     if weights is None:
+        s1 = tf.reduce_sum(d, axis=axes, keepdims=True)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-        n = tf.ones_like(tf.reduce_sum(d, axis=axes, keepdims=True)) * count
-        local_mean = tf.reduce_sum(d, axis=axes, keepdims=True) / tf.maximum(n, 1.0)
+        n = tf.ones_like(s1) * count
+        local_mean = s1 / tf.maximum(n, 1.0)
         m2 = tf.reduce_sum(tf.square(d - local_mean), axis=axes, keepdims=True)
     else:
         w = tf.broadcast_to(tf.cast(weights, x.dtype), tf.shape(x))

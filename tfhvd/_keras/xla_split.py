@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from tfhvd._keras import flavor as _flavor
 from tfhvd._keras.distributed import reduction_of
-from tfhvd._keras.reduction import safe_op_name
+from tfhvd._keras.reduction import safe_op_name, scaled_gradient
 from tfhvd.tensorflow.xla import XlaCollectiveError
 
 _PRE_REDUCED = "_tfhvd_xla_pre_reduced"
@@ -253,19 +253,12 @@ class SplitTrainStep:
                 if g is not None and not getattr(v, "overwrite_with_gradient", False)]
         if not todo:
             return grads
-        sent = [grads[i] if factor is None else _times(grads[i], factor) for i in todo]
+        # factor: a power of two, so both multiplications are exact
+        sent = [grads[i] if factor is None else scaled_gradient(grads[i], factor) for i in todo]
         reduced = reduction.reduce(sent, [variables[i] for i in todo])
         for i, r in zip(todo, reduced, strict=True):
-            grads[i] = r if factor is None else _times(r, 1.0 / factor)
+            grads[i] = r if factor is None else scaled_gradient(r, 1.0 / factor)
         return grads
-
-
-def _times(g: Any, factor: tf.Tensor) -> Any:
-    """``g * factor`` (a power of two: exact), IndexedSlices kept sparse."""
-    if isinstance(g, tf.IndexedSlices):
-        return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype), g.indices,
-                                g.dense_shape)
-    return g * tf.cast(factor, g.dtype)
 
 
 def _named(method: Callable, name: str) -> Callable:

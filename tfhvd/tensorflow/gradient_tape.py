@@ -209,9 +209,16 @@ class _DistributedGradientTape(tf.GradientTape):
             n = float(process_set_size(self._tfhvd_process_set))
             for i, g in enumerate(flat_grads):
                 if g is not None and id(flat_sources[i]) in self._tfhvd_local:
-                    flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                                     if isinstance(g, tf.IndexedSlices) else g / n)
+                    flat_grads[i] = divided(g, n)
         return tf.nest.pack_sequence_as(grads, flat_grads)
+
+
+def divided(g: Any, n: float) -> Any:
+    """``g / n`` (a local gradient scaled as Horovod's ``scale_local_gradients``),
+    IndexedSlices kept sparse."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+    return g / n
 
 
 def _split_groups(tensors: List[Any], groups) -> List[List[Any]]:

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfhvd.common.basics import ProcessSet, check_process_set, global_process_set
 from tfhvd.common.process_sets import process_set_reduces, process_set_size
-from tfhvd.tensorflow.gradient_tape import _split_groups, grouped_allreduce
+from tfhvd.tensorflow.gradient_tape import _split_groups, divided, grouped_allreduce
 from tfhvd.tensorflow.mpi_ops import Adasum, Average, adasum_rules
 from tfhvd.tensorflow.optimizer_options import OptimizerOptions, horovod_signature
 
@@ -63,8 +63,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             n = float(process_set_size(self._process_set))
             for i, (g, v) in enumerate(pairs):
                 if g is not None and id(v) in self._local_vars:
-                    grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                                if isinstance(g, tf.IndexedSlices) else g / n)
+                    grads[i] = divided(g, n)
         return [(g, v) for g, (_, v) in zip(grads, pairs)]
 
     def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
