@@ -75,6 +75,27 @@ def test_unsupported_dtype_is_a_clear_error():
 def test_root_rank_out_of_range():
     with pytest.raises(ValueError, match="root_rank 3 is out of range for 1 ranks"):
         hvd.broadcast(tf.constant([1.0]), root_rank=3)
+    for bad in (True, 0.0, "0"):
+        with pytest.raises(ValueError, match="root_rank .* is out of range"):
+            hvd.broadcast(tf.constant([1.0]), root_rank=bad)
+
+
+def test_a_numpy_integer_is_a_root_rank():
+    # As in Horovod (TensorFlow's int attribute takes numpy integers): a root
+    # read from a numpy array or computed with numpy.
+    import numpy as np
+    import tfhvd.tensorflow.keras as hvd_keras
+
+    v = tf.Variable([2.0, 3.0])
+    for root in (np.int64(0), np.int32(0), np.uint8(0)):
+        assert hvd.broadcast(tf.constant([1.0]), root_rank=root).numpy().tolist() == [1.0]
+        hvd.broadcast_([v], root_rank=root)
+        hvd.broadcast_variables([v], root_rank=root)
+        assert hvd.broadcast_object({"a": 1}, root_rank=root) == {"a": 1}
+        assert hvd_keras.callbacks.BroadcastGlobalVariablesCallback(root).root_rank == 0
+    assert v.numpy().tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError, match="root_rank np.int64.1. is out of range"):
+        hvd.broadcast(tf.constant([1.0]), root_rank=np.int64(1))
 
 
 def test_reducescatter_scalar():

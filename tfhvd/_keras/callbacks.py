@@ -5,6 +5,7 @@ the flavour's ``keras.callbacks.Callback`` (or ``ModelCheckpoint``) so that the
 classes are real Keras callbacks of the Keras the model uses.
 """
 
+import numbers
 import sys
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -27,11 +28,12 @@ def _check_root(root_rank: Any) -> int:
     made on a Spark driver, as Horovod's estimator examples do) only its type
     and sign are known, and ``on_train_begin`` checks it again."""
     size = basics.size() if basics.is_initialized() else None
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0 \
-            or (size is not None and root_rank >= size):
+    # Any integer type (a numpy integer too), not a bool.
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral) \
+            or root_rank < 0 or (size is not None and root_rank >= size):
         raise ValueError("root_rank must be a rank in [0, %s); got %r"
                          % (size if size is not None else "size()", root_rank))
-    return root_rank
+    return int(root_rank)
 
 
 def _var_key(var: Any) -> int:

@@ -6,9 +6,10 @@ an op is named after its input tensor; ranks match collectives by that name.
 """
 
 import contextlib
+import numbers
 import re
 import warnings
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
@@ -306,17 +307,25 @@ def grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str] = None,
         process_set_id=ps_id)))
 
 
+def _checked_root(root_rank: Any, op: str, where: str) -> int:
+    """``root_rank`` as an int when it is a rank of the job: any integer type
+    (a numpy integer too, as TensorFlow's int attribute takes it in Horovod),
+    not a bool; otherwise :class:`InvalidArgumentValueError` naming it."""
+    n = basics.size()
+    if isinstance(root_rank, numbers.Integral) and not isinstance(root_rank, bool) \
+            and 0 <= int(root_rank) < n:
+        return int(root_rank)
+    raise InvalidArgumentValueError("%s root_rank %r is out of range for %d ranks%s"
+                                    % (op, root_rank, n, where))
+
+
 def broadcast(tensor: tf.Tensor, root_rank: int, name: Optional[str] = None,
               ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Returns ``root_rank``'s value of ``tensor`` on every rank."""
     tensor = tf.convert_to_tensor(tensor)
     ps_id = _check_ready([tensor], _ALL_DTYPES, "broadcast", process_set)
-    n = basics.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
-        raise InvalidArgumentValueError(
-            "broadcast root_rank %r is out of range for %d ranks (tensor %s)"
-            % (root_rank, n, _tensor_label(tensor)))
+    root_rank = _checked_root(root_rank, "broadcast", " (tensor %s)" % _tensor_label(tensor))
     return _distinct(_ops().horovod_broadcast(
         tensor, root_rank=root_rank, ignore_name_scope=ignore_name_scope,
         tensor_name=_eager_name(name), name=_graph_name("HorovodBroadcast", name, tensor),
@@ -354,10 +363,7 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
         if v.dtype.base_dtype.as_datatype_enum not in _ALL_DTYPES.enums:
             raise TypeError("tfhvd broadcast_ does not support dtype %s (variable %s)"
                             % (v.dtype.base_dtype.name, v.name))
-    n = basics.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < n:
-        raise InvalidArgumentValueError("broadcast_ root_rank %r is out of range for %d ranks"
-                                        % (root_rank, n))
+    root_rank = _checked_root(root_rank, "broadcast_", "")
     names = [v.name for v in variables]
     psid = getattr(process_set, "process_set_id", 0)
     resource = [resource_variable_ops.is_resource_variable(v) for v in variables]
