@@ -46,6 +46,7 @@ HOROVODRUN_FLAGS = [
     ["--fusion-threshold-mb", "32"], ["--cycle-time-ms", "2"], ["--cache-capacity", "512"],
     ["--hierarchical-allreduce"], ["--no-hierarchical-allreduce"],
     ["--hierarchical-allgather"], ["--no-hierarchical-allgather"],
+    ["--torus-allreduce"], ["--no-torus-allreduce"],
     ["--autotune"], ["--no-autotune"], ["--autotune-log-file", "at.csv"],
     ["--autotune-warmup-samples", "2"], ["--autotune-steps-per-sample", "5"],
     ["--autotune-bayes-opt-max-samples", "8"], ["--autotune-gaussian-process-noise", "0.5"],
@@ -107,13 +108,15 @@ def test_flags_set_the_runtime_setting_on_every_rank(flags, var, value):
 
 def test_switches_left_out_leave_the_environment_alone():
     assert settings() == {}
-    assert settings("--no-hierarchical-allgather", "--log-without-timestamp",
+    assert settings("--no-hierarchical-allgather", "--no-torus-allreduce",
+                    "--log-without-timestamp",
                     "--no-mpi-threads-disable", "--prefix-output-with-timestamp") == {}
 
 
 @pytest.mark.parametrize("pair", [
     ["--hierarchical-allreduce", "--no-hierarchical-allreduce"],
     ["--hierarchical-allgather", "--no-hierarchical-allgather"],
+    ["--torus-allreduce", "--no-torus-allreduce"],
     ["--autotune", "--no-autotune"],
     ["--timeline-mark-cycles", "--no-timeline-mark-cycles"],
     ["--stall-check", "--no-stall-check"],
@@ -142,6 +145,7 @@ def test_bad_values_are_usage_errors(argv, needle):
 
 @pytest.mark.parametrize("flags,name", [
     (["--hierarchical-allgather"], "--hierarchical-allgather"),
+    (["--torus-allreduce"], "--torus-allreduce"),
     (["--mpi-threads-disable"], "--mpi-threads-disable"),
     (["--num-nccl-streams", "4"], "--num-nccl-streams"),
     (["--thread-affinity", "2"], "--thread-affinity"),
@@ -289,9 +293,10 @@ def test_config_file_controller(tmp_path):
 
 def test_config_file_no_effect_settings_warn(tmp_path):
     path = config(tmp_path, "library_options:\n  num_nccl_streams: 2\nextra:\n  a: 1\n"
-                            "params:\n  typo_mb: 1\n")
+                            "params:\n  typo_mb: 1\n  torus_allreduce: true\n")
     warnings = parse_args(["-np", "1", "--config-file", path, "true"]).warnings
     assert any("--num-nccl-streams (from --config-file) has no effect" in w for w in warnings)
+    assert any("--torus-allreduce (from --config-file) has no effect" in w for w in warnings)
     assert any("unknown section 'extra'" in w for w in warnings)
     assert any("unknown key params.typo_mb" in w for w in warnings)
 
@@ -320,9 +325,10 @@ def test_missing_config_file(tmp_path):
 # tfhvd.run: horovod.runner.run's keywords, in its order.
 HOROVOD_RUN_PARAMETERS = [
     "func", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc", "slots",
-    "reset_limit", "cooldown_range", "hosts", "hostfile", "start_timeout", "ssh_port",
-    "ssh_identity_file", "disable_cache", "output_filename", "verbose", "use_gloo", "use_mpi",
-    "mpi_args", "network_interface", "executable", "np", "min_np", "max_np"]
+    "reset_limit", "cooldown_range", "hosts", "hostfile", "host_discovery_script",
+    "start_timeout", "ssh_port", "ssh_identity_file", "disable_cache", "output_filename",
+    "verbose", "use_gloo", "use_mpi", "mpi_args", "network_interface", "network_interfaces",
+    "executable", "np", "min_np", "max_np"]
 
 
 def where_am_i(offset):
@@ -334,6 +340,34 @@ def test_run_has_horovods_signature():
     positional = [p.name for p in params
                   if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == HOROVOD_RUN_PARAMETERS
+
+
+def test_run_takes_host_discovery_script_in_horovods_position():
+    # The 12th positional argument, after hostfile, as in horovod.run: the
+    # script is run (and fails) before any rank starts.
+    with pytest.raises(Exception, match="discovery script ./nonexistent/discover.sh. failed"):
+        tfhvd.run(where_am_i, (), None, 2, None, None, None, None, None, None, None,
+                  "/nonexistent/discover.sh", timeout=30)
+
+
+def test_run_takes_network_interfaces_and_the_deprecated_network_interface():
+    from tfhvd.runner.api import _interfaces
+
+    assert _interfaces(None, ["eth0", "eth1"]) == "eth0,eth1"
+    assert _interfaces(None, "eth0,eth1") == "eth0,eth1"
+    assert _interfaces(None, None) is None
+    with pytest.warns(DeprecationWarning, match="network_interfaces"):
+        assert _interfaces("eth0,eth1", None) == "eth0,eth1"
+    with pytest.warns(DeprecationWarning):
+        assert _interfaces("eth1,eth0", ["eth0", "eth1"]) == "eth0,eth1"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree"):
+        _interfaces("lo", ["eth0"])
+    with pytest.raises(ValueError, match="each entry is one interface name"):
+        _interfaces(None, ["eth0,eth1"])
+    # It reaches the launcher's checks (not a TypeError for an unknown keyword).
+    with pytest.raises(ValueError, match="-np 3 is larger than the 1 slot"):
+        tfhvd.run(where_am_i, num_proc=3, hosts="localhost:1", network_interfaces=["lo"],
+                  timeout=30)
 
 
 # Every call below fails its checks before any process starts; the timeout

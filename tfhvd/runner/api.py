@@ -16,6 +16,7 @@ back each rank's return value, like ``horovod.run``.
 
 import os
 import sys
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from tfhvd.runner import task
@@ -56,6 +57,34 @@ class _Collector:
         return ok, task.decode(data)
 
 
+def _interfaces(network_interface: Optional[str],
+                network_interfaces: Optional[Sequence[str]]) -> Optional[str]:
+    """``--network-interface``'s value from ``horovod.run``'s two keywords:
+    ``network_interfaces`` (a list of names; a comma-separated string is
+    taken too) and the deprecated ``network_interface`` (a comma-separated
+    string).  Both given must name the same interfaces."""
+    if network_interface:
+        warnings.warn("tfhvd.run(network_interface=...) is deprecated, as in Horovod: use "
+                      "network_interfaces=[...]", DeprecationWarning, stacklevel=3)
+    listed: Optional[List[str]] = None
+    if network_interfaces:
+        if isinstance(network_interfaces, str):
+            listed = [n for n in network_interfaces.split(",") if n]
+        else:
+            listed = [str(n) for n in network_interfaces]
+            bad = [n for n in listed if not n or "," in n]
+            if bad:
+                raise ValueError("tfhvd.run(): network_interfaces=%r: each entry is one "
+                                 "interface name" % (list(network_interfaces),))
+    if network_interface and listed is not None and \
+            sorted(set(network_interface.split(","))) != sorted(set(listed)):
+        raise ValueError("tfhvd.run(): network_interface=%r and network_interfaces=%r "
+                         "disagree; give one" % (network_interface, list(network_interfaces or [])))
+    if listed is not None:
+        return ",".join(listed)
+    return network_interface or None
+
+
 def _launcher_argv(num_proc: int, hosts: Optional[str], hostfile: Optional[str],
                    options: Mapping[str, Any], command: Sequence[str]) -> List[str]:
     argv = ["-np", str(num_proc)]
@@ -82,17 +111,18 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
         slots: Optional[int] = None, reset_limit: Optional[int] = None,
         cooldown_range: Optional[Any] = None, hosts: Optional[str] = None,
-        hostfile: Optional[str] = None, start_timeout: Optional[int] = None,
+        hostfile: Optional[str] = None, host_discovery_script: Optional[str] = None,
+        start_timeout: Optional[int] = None,
         ssh_port: Optional[int] = None, ssh_identity_file: Optional[str] = None,
         disable_cache: Optional[bool] = None, output_filename: Optional[str] = None,
         verbose: Optional[bool] = None, use_gloo: Optional[bool] = None,
         use_mpi: Optional[bool] = None, mpi_args: Optional[str] = None,
-        network_interface: Optional[str] = None, executable: Optional[str] = None,
+        network_interface: Optional[str] = None,
+        network_interfaces: Optional[Sequence[str]] = None, executable: Optional[str] = None,
         np: Optional[int] = None, min_np: Optional[int] = None, max_np: Optional[int] = None,
         *, env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
         stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-        host_discovery_script: Optional[str] = None, elastic_timeout: Optional[int] = None,
-        **elastic: Any) -> List[Any]:
+        elastic_timeout: Optional[int] = None, **elastic: Any) -> List[Any]:
     """Runs ``func(*args, **kwargs)`` on ``num_proc`` ranks (default 1) and
     returns the list of their return values, indexed by rank.
 
@@ -105,14 +135,16 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     script or a notebook work; otherwise ``func`` must be importable by
     module name on every host).  The others are ``tfhvdrun``'s flags:
     ``hosts="a:2,b:2"``, ``hostfile``, ``start_timeout``, ``ssh_port``,
-    ``ssh_identity_file``, ``network_interface``, ``mpi_args``,
+    ``ssh_identity_file``, ``network_interfaces`` (a list of interface
+    names, or Horovod's older ``network_interface="eth0,eth1"``, which
+    warns ``DeprecationWarning`` as Horovod does), ``mpi_args``,
     ``output_filename``, ``verbose``, ``disable_cache``; ``executable`` is
     the Python to run on the ranks (default: this one).  ``use_gloo=True``
     runs the job without MPI (``tfhvdrun --gloo``), ``use_mpi=True`` under
     mpirun; neither: tfhvdrun's default.  ``min_num_proc``,
-    ``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range`` (and
-    tfhvd's ``host_discovery_script``, ``elastic_timeout``) make it an
-    elastic job.
+    ``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range``,
+    ``host_discovery_script`` (and tfhvd's keyword ``elastic_timeout``)
+    make it an elastic job.
 
     tfhvd's own keyword-only arguments: ``env`` replaces the environment
     the ranks start from (default: this process's); after ``timeout``
@@ -125,6 +157,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     mpirun, unreachable host).
     """
     num_proc = merge_alias("num_proc", num_proc, "np", np)
+    network_interface = _interfaces(network_interface, network_interfaces)
     num_proc = 1 if num_proc is None else num_proc
     elastic.update(min_num_proc=merge_alias("min_num_proc", min_num_proc, "min_np", min_np),
                    max_num_proc=merge_alias("max_num_proc", max_num_proc, "max_np", max_np),

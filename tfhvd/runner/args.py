@@ -175,6 +175,10 @@ def make_parser() -> argparse.ArgumentParser:
             "hierarchical_allgather",
             "Accepted for Horovod; no effect (tfhvd's allgather is not hierarchical).",
             "Accepted for Horovod (tfhvd's allgather is never hierarchical).")
+    _switch(tuning, ["--torus-allreduce"], ["--no-torus-allreduce"], "torus_allreduce",
+            "Accepted for Horovod; no effect (tfhvd has no 2D torus allreduce: "
+            "--hierarchical-allreduce is the two-level one).",
+            "Accepted for Horovod (tfhvd's allreduce is never a torus).")
 
     autotune = p.add_argument_group("autotune (docs/autotune.md)")
     _switch(autotune, ["--autotune"], ["--no-autotune"], "autotune",
@@ -269,6 +273,8 @@ def make_parser() -> argparse.ArgumentParser:
 _NO_EFFECT = [
     ("hierarchical_allgather", True, "--hierarchical-allgather",
      "tfhvd's allgather is not hierarchical"),
+    ("torus_allreduce", True, "--torus-allreduce",
+     "tfhvd has no 2D torus allreduce (--hierarchical-allreduce is its two-level one)"),
     ("mpi_threads_disable", True, "--mpi-threads-disable",
      "tfhvd always asks MPI for MPI_THREAD_MULTIPLE"),
     ("num_nccl_streams", None, "--num-nccl-streams",
@@ -370,6 +376,7 @@ _CONFIG: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
         "cache_capacity": ("cache_capacity", _non_negative(int)),
         "hierarchical_allreduce": ("hierarchical_allreduce", _yaml_bool),
         "hierarchical_allgather": ("hierarchical_allgather", _yaml_bool),
+        "torus_allreduce": ("torus_allreduce", _yaml_bool),
     },
     "autotune": {
         "enabled": ("autotune", _yaml_bool),
