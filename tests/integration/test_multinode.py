@@ -39,7 +39,7 @@ def cluster(tmp_path):
 def _job_env(cluster: NetnsHosts) -> Dict[str, str]:
     # mpirun (and tfhvdrun's reachability check) use this ssh for the hosts.
     return clean_env({"OMPI_MCA_plm_rsh_agent": "ssh -F %s" % cluster.ssh_config,
-                      "TFHVD_TEST_PROBE": "forwarded"})
+                      "TRAIN_PROBE": "forwarded"})
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
@@ -58,7 +58,8 @@ def test_multinode_training_equals_single_host(cluster, backend):
     multi = result_line(job)
     assert multi["size"] == 4 and multi["ranks_agree"], multi
     assert multi["hosts"] == ["hostA", "hostB"], multi
-    # The environment reached the ranks on the remote host too.
+    # The environment reached the ranks on the remote host too: a variable of
+    # the user's own (horovodrun forwards them all), not only TFHVD_*.
     assert multi["probes"] == ["forwarded"] * 4, multi
     # Two hosts of two slots (--map-by slot): ranks 0, 1 on hostA, 2, 3 on hostB.
     assert multi["topology"] == [

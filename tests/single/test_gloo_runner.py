@@ -2,6 +2,7 @@
 environment, the ssh command, the backend choice, and the rendezvous server."""
 
 import argparse
+import json
 import functools
 import http.client
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from tfhvd.runner.args import UsageError, parse_args
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.gloo.workers import Slot, plan_slots, remote_command, worker_env
+from tfhvd.runner.gloo.workers import Slot, plan_slots, remote_command, remote_env_line, worker_env
 from tfhvd.runner.hosts import HostSlots
 from tfhvd.runner.launch import LaunchError, choose_gloo, library_backends
 
@@ -45,15 +46,22 @@ def test_worker_env_sets_horovod_names_and_drops_stale_ones():
 
 
 def test_remote_command_passes_the_environment_like_mpirun_x():
-    env = {"PATH": "/p", "HOROVOD_RANK": "3", "SECRET": "no", "TF_X": "a b"}
+    env = {"PATH": "/p", "HOROVOD_RANK": "3", "MY_SETTING": "on", "TF_X": "a b",
+           "OMP_NUM_THREADS": "4", "HOSTNAME": "launcher", "OMPI_COMM_WORLD_RANK": "0"}
     cmd = remote_command(["ssh", "-p", "2222"], "node1", ["python", "train.py"], env, "/w d",
                          python="/py")
     assert cmd[:3] == ["ssh", "-p", "2222"] and "node1" in cmd
     inner = cmd[-1]
     assert inner.startswith("cd '/w d' && exec env ")
     assert "HOROVOD_RANK=3" in inner and "PATH=/p" in inner and "TF_X='a b'" in inner
-    assert "SECRET" not in inner
-    assert "/py -m tfhvd.runner.gloo.guard -- python train.py" in inner
+    assert "MY_SETTING" not in inner and "OMP_NUM_THREADS" not in inner
+    assert "/py -m tfhvd.runner.gloo.guard --env-line -- python train.py" in inner
+    # The user's other variables go through stdin (horovodrun forwards them
+    # all); the launcher's host name and MPI job's variables do not.
+    assert json.loads(remote_env_line(env, None)) == {"MY_SETTING": "on", "OMP_NUM_THREADS": "4"}
+    assert json.loads(remote_env_line(env, "k")) == {
+        "MY_SETTING": "on", "OMP_NUM_THREADS": "4", "TFHVD_SECRET_KEY": "k",
+        "HOROVOD_SECRET_KEY": "k"}
 
 
 def _args(*flags: str) -> argparse.Namespace:

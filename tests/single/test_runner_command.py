@@ -22,7 +22,10 @@ from tfhvd.runner.launch import (EXIT_NO_MPIRUN, LaunchError, check_program, fin
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LD_LIBRARY_PATH": "/opt/lib",
        "PYTHONPATH": "/src", "TFHVD_CYCLE_TIME": "5", "HOROVOD_FUSION_THRESHOLD": "1024",
        "NCCL_DEBUG": "INFO", "TF_CPP_MIN_LOG_LEVEL": "2", "OMPI_MCA_foo": "1",
-       "AWS_SECRET_ACCESS_KEY": "x", "TFHVDX": "no"}
+       "AWS_SECRET_ACCESS_KEY": "x", "TFHVDX": "yes", "OMP_NUM_THREADS": "4",
+       "BASH_FUNC_f%%": "() { :; }", "OLDPWD": "/old", "PWD": "/here", "HOSTNAME": "launcher",
+       "SSH_AUTH_SOCK": "/tmp/agent", "CUDA_VISIBLE_DEVICES": "0", "PMIX_RANK": "0",
+       "_": "/usr/bin/tfhvdrun", "SHLVL": "2"}
 
 
 def build(argv, env=None, uid=1000):
@@ -95,14 +98,22 @@ def test_ssh_port_identity_and_network_interface(tmp_path):
 
 
 def test_environment_forwarding():
+    # Every variable, as horovodrun's -x list (env_util.is_exportable), so a
+    # rank on another host sees the user's settings and keys too; not what
+    # belongs to the launcher's host, shell or an enclosing MPI job.
     names = forwarded_env(ENV)
-    assert names == sorted(["HOROVOD_FUSION_THRESHOLD", "LD_LIBRARY_PATH", "NCCL_DEBUG",
-                            "PATH", "PYTHONPATH", "TFHVD_CYCLE_TIME", "TF_CPP_MIN_LOG_LEVEL"])
+    assert names == sorted(["AWS_SECRET_ACCESS_KEY", "HOME", "HOROVOD_FUSION_THRESHOLD",
+                            "LD_LIBRARY_PATH", "NCCL_DEBUG", "OMP_NUM_THREADS", "PATH",
+                            "PYTHONPATH", "TFHVDX", "TFHVD_CYCLE_TIME", "TF_CPP_MIN_LOG_LEVEL"])
     values = x_values(build(["-np", "1", "true"]))
     for name in names:
         assert name in values
-    for private in ("HOME", "OMPI_MCA_foo", "AWS_SECRET_ACCESS_KEY", "TFHVDX"):
-        assert not any(v.split("=")[0] == private for v in values)
+    for local in ("OMPI_MCA_foo", "BASH_FUNC_f%%", "OLDPWD", "PWD", "HOSTNAME",
+                  "SSH_AUTH_SOCK", "CUDA_VISIBLE_DEVICES", "PMIX_RANK", "_", "SHLVL"):
+        assert not any(v.split("=")[0] == local for v in values), local
+    # -x NAME: mpirun reads the value from its own environment, so no value
+    # (a key's least of all) is written on its command line.
+    assert "AWS_SECRET_ACCESS_KEY" in values and not any("=x" in v for v in values)
 
 
 @pytest.mark.parametrize("flag,value,var,expected", [

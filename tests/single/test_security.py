@@ -8,13 +8,14 @@ import http.client
 import io
 import os
 import socket
+import sys
 import time
 
 import pytest
 
 from tfhvd.common import secret as sec
 from tfhvd.runner.gloo.rendezvous import RendezvousServer, kv_get, kv_put
-from tfhvd.runner.gloo.workers import remote_command
+from tfhvd.runner.gloo.workers import remote_command, remote_env_line
 
 SECRET = "the job's secret"
 
@@ -179,16 +180,30 @@ def test_refusals_are_logged_once_then_counted(server):
 
 
 def test_an_ssh_command_line_never_carries_the_secret():
-    env = {"PATH": "/usr/bin", "TFHVD_SECRET_KEY": "s3cr3t", "HOROVOD_SECRET_KEY": "s3cr3t",
-           "HOROVOD_RANK": "1"}
+    env = {"PATH": os.environ["PATH"], "TFHVD_SECRET_KEY": "s3cr3t",
+           "HOROVOD_SECRET_KEY": "s3cr3t", "HOROVOD_RANK": "1", "WANDB_API_KEY": "k3y"}
     argv = remote_command(["ssh"], "node2", ["python", "train.py"], env, "/work")
-    assert not any("s3cr3t" in a for a in argv), argv
-    assert "IFS= read -r TFHVD_SECRET_KEY" in argv[-1]
-    assert "HOROVOD_RANK=1" in argv[-1]
-    # The shell line reads the secret from stdin into both names.
+    assert not any("s3cr3t" in a or "k3y" in a for a in argv), argv
+    assert "HOROVOD_RANK=1" in argv[-1] and " -m tfhvd.runner.gloo.guard --env-line -- " in argv[-1]
+    # They come as the first line of the ssh's stdin, which the guard reads
+    # into the rank's environment: run the guard as the remote shell would.
     import subprocess
 
-    inner = argv[-1].split(" && exec ")[0].replace("cd /work && ", "")
-    out = subprocess.run(["sh", "-c", inner + ' && echo "$TFHVD_SECRET_KEY/$HOROVOD_SECRET_KEY"'],
-                         input="s3cr3t\n", capture_output=True, text=True)
-    assert out.stdout.strip() == "s3cr3t/s3cr3t", out
+    line = remote_env_line(env, "s3cr3t")
+    probe = ("import os; print(os.environ['TFHVD_SECRET_KEY'], os.environ['HOROVOD_SECRET_KEY'], "
+             "os.environ['WANDB_API_KEY'])")
+    # stdin stays open, as the ssh connection does (its end stops the rank).
+    guard = subprocess.Popen([sys.executable, "-m", "tfhvd.runner.gloo.guard", "--env-line",
+                              "--", sys.executable, "-c", probe], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    guard.stdin.write(line + "\n")
+    guard.stdin.flush()
+    printed = guard.stdout.read()
+    guard.stdin.close()
+    assert guard.wait(timeout=60) == 0 and printed.split() == ["s3cr3t", "s3cr3t", "k3y"], printed
+    # Garbage in place of that line: the rank does not start, and says why.
+    out = subprocess.run([sys.executable, "-m", "tfhvd.runner.gloo.guard", "--env-line", "--",
+                          sys.executable, "-c", "print('started')"], input="s3cr3t\n",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "started" not in out.stdout, out
+    assert "not the rank's environment" in out.stderr, out

@@ -25,7 +25,7 @@ from tfhvd.runner import hosts as hostlib
 from tfhvd.runner.args import (UsageError, is_elastic, parse_args, settings_env,
                                split_mpi_args, start_timeout)
 from tfhvd.runner.common import (  # noqa: F401  (LaunchError and the codes re-exported)
-    EXIT_NO_MPIRUN, EXIT_UNREACHABLE, EXIT_USAGE, FORWARD_NAMES, FORWARD_PREFIXES, LaunchError,
+    EXIT_NO_MPIRUN, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError,
     forwarded_env, plan_slots, set_pdeathsig)
 from tfhvd.runner.hosts import HostError, HostSlots
 from tfhvd.runner.output import Demux, FailureTracker, Line, LineSink

@@ -97,7 +97,7 @@ def main() -> None:
     digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in variables)).hexdigest()
     digests = hvd.allgather_object(digest)
     hosts = hvd.allgather_object(os.uname()[1])
-    probes = hvd.allgather_object(os.environ.get("TFHVD_TEST_PROBE"))
+    probes = hvd.allgather_object(os.environ.get("TRAIN_PROBE"))
     topology = hvd.allgather_object({
         "rank": rank, "host": os.uname()[1], "local_rank": hvd.local_rank(),
         "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),

@@ -33,6 +33,7 @@ function of its arguments or reads only this host's interfaces.
 """
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -112,9 +113,21 @@ def plan_slots(hosts: Sequence[HostSlots], num_proc: int) -> List[Slot]:
 
 # ---- worker environment ---------------------------------------------------
 
-# Variables every rank gets from the launcher's environment, by name or prefix.
+# The launcher's variables that a remote rank's ssh command line may carry
+# (``tfhvdrun --gloo``): the paths and the settings, by name or prefix.  The
+# others (a user's API keys among them) reach it through ssh's stdin
+# (tfhvd.runner.gloo.workers), never a command line that ``ps`` shows.
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 FORWARD_PREFIXES = ("TFHVD_", "HOROVOD_", "NCCL_", "TF_")
+# Never forwarded: what belongs to the launcher's host, shell or MPI job.
+# Horovod's list (env_util.IGNORE_REGEXES: BASH_FUNC_*, OLDPWD,
+# *CUDA_VISIBLE_DEVICES), the shell's own (PWD, SHLVL, _), the host's
+# (HOSTNAME, SSH_*: the launcher's ssh session and agent socket) and an
+# enclosing MPI job's (OMPI_*, PMIX_*, PMI_*: mpirun passes OMPI_MCA_*
+# settings on by itself).
+_NOT_FORWARDED = re.compile(r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|HOSTNAME|SSH_.*|"
+                            r".*CUDA_VISIBLE_DEVICES|OMPI_.*|PMIX_.*|PMI_.*)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Per-job variables the launcher sets itself, never forwarded from its own
 # environment (a launcher started inside another job must not leak them).
 WORKER_KEYS = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
@@ -123,9 +136,18 @@ WORKER_KEYS = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_
 
 
 def forwarded_env(env: Mapping[str, str]) -> List[str]:
-    """Names of the launcher's variables that every rank receives (sorted):
-    PATH, LD_LIBRARY_PATH, PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_*, TF_*."""
-    return sorted(k for k in env if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))
+    """Names of the launcher's variables that every rank receives, on every
+    host (sorted): all of them, as horovodrun passes them (``-x NAME`` each
+    under mpirun), but those of the launcher's host, shell or MPI job
+    (``_NOT_FORWARDED``)."""
+    return sorted(k for k in env if _ENV_NAME.match(k) and not _NOT_FORWARDED.match(k))
+
+
+def on_command_line(name: str) -> bool:
+    """Whether a forwarded variable may be written on a remote rank's ssh
+    command line (PATH, LD_LIBRARY_PATH, PYTHONPATH, TFHVD_*, HOROVOD_*,
+    NCCL_*, TF_*); the others travel through ssh's stdin."""
+    return name in FORWARD_NAMES or name.startswith(FORWARD_PREFIXES)
 
 
 def worker_env(base: Mapping[str, str], slot: Slot, size: int, addr: str, port: int,

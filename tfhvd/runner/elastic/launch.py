@@ -28,7 +28,7 @@ from tfhvd.runner.elastic.driver import DISCOVER_HOSTS_FREQUENCY_S, ElasticDrive
 from tfhvd.runner.elastic.service import ElasticService
 from tfhvd.runner.common import Slot, bind_address, launcher_address, worker_env
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
-from tfhvd.runner.gloo.workers import Worker, remote_command
+from tfhvd.runner.gloo.workers import Worker, remote_command, remote_env_line
 from tfhvd.common.secret import job_secret, secret_env
 
 TERMINATE_GRACE_S = 5.0
@@ -156,7 +156,7 @@ class ElasticJob:
                                            if self.args.ssh_identity_file else None)
             argv = remote_command(ssh, host, argv, env, os.getcwd())
         w = Worker(Slot(world.info[wid]["rank"], host, 0, 1, 0, 1), argv, env, remote,
-                   stdin_line=self.secret)
+                   stdin_line=remote_env_line(env, self.secret) if remote else None)
         with self.lock:
             self.procs[wid] = w
         for pipe, name in ((w.proc.stdout, "stdout"), (w.proc.stderr, "stderr")):

@@ -1,19 +1,23 @@
-"""``python -m tfhvd.runner.gloo.guard -- CMD...``: runs one remote rank.
+"""``python -m tfhvd.runner.gloo.guard [--env-line] -- CMD...``: runs one remote rank.
 
 ``tfhvdrun --gloo`` starts each remote rank through ssh under this guard.
-The guard runs CMD in a session of its own and watches its stdin (the ssh
-connection): when the launcher ends the job, or dies, the connection closes
-and the guard ends CMD's whole process group (SIGTERM, then SIGKILL after
-5 s), so no rank is left behind on the remote host.  It exits with CMD's
-exit code (128+N for a signal, as a shell reports it).
+With ``--env-line`` the guard first reads one line from its stdin, a JSON
+object of variables (the job's secret and the launcher's variables that do
+not go on a command line), and adds them to CMD's environment.  It runs CMD
+in a session of its own and watches its stdin (the ssh connection): when
+the launcher ends the job, or dies, the connection closes and the guard
+ends CMD's whole process group (SIGTERM, then SIGKILL after 5 s), so no
+rank is left behind on the remote host.  It exits with CMD's exit code
+(128+N for a signal, as a shell reports it).
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -30,14 +34,49 @@ def _end(proc: subprocess.Popen) -> None:
             continue
 
 
+def read_env_line() -> Optional[Dict[str, str]]:
+    """The JSON object on the first line of fd 0 (read from the raw fd, no
+    further than that line's end where it arrives alone), or None when it is
+    missing or not an object of strings."""
+    data = b""
+    while b"\n" not in data:
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            return None
+        if not chunk:
+            break
+        data += chunk
+    try:
+        env = json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        return None
+    return env
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args: List[str] = list(sys.argv[1:] if argv is None else argv)
+    env_line = bool(args) and args[0] == "--env-line"
+    if env_line:
+        args = args[1:]
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        print("usage: python -m tfhvd.runner.gloo.guard -- CMD...", file=sys.stderr)
+        print("usage: python -m tfhvd.runner.gloo.guard [--env-line] -- CMD...", file=sys.stderr)
         return 2
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+    env = None
+    if env_line:
+        extra = read_env_line()
+        if extra is None:
+            print("tfhvd guard: the launcher's first line on stdin was not the rank's "
+                  "environment (a JSON object of strings); not starting %s" % args[0],
+                  file=sys.stderr)
+            return 2
+        env = dict(os.environ, **extra)
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
 
     def watch_stdin() -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked in a buffered

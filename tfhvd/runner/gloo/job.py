@@ -25,7 +25,7 @@ from tfhvd.runner.common import (  # noqa: F401  (launcher_address, iface_of re-
     Slot, bind_address, iface_of, launcher_address, worker_env)
 from tfhvd.runner.gloo.rendezvous import RendezvousServer
 from tfhvd.common.secret import job_secret, secret_env
-from tfhvd.runner.gloo.workers import Worker, remote_command
+from tfhvd.runner.gloo.workers import Worker, remote_command, remote_env_line
 from tfhvd.runner.hosts import is_local_host
 from tfhvd.runner.output import FailureTracker, Line, LineSink
 
@@ -202,7 +202,7 @@ def run_gloo_job(command: Sequence[str], slots: Sequence[Slot], env: Mapping[str
                 job.spawn(slot, command, wenv, remote=False)
             else:
                 job.spawn(slot, remote_command(ssh, slot.hostname, command, wenv, cwd), env,
-                          remote=True, stdin_line=server.secret)
+                          remote=True, stdin_line=remote_env_line(wenv, server.secret))
         code = job.wait(timeout)
     finally:
         if any(w.poll() is None for w in job.workers):

@@ -8,6 +8,7 @@ shares; they are importable from here too.  Everything here but
 exactly what would run without starting anything.
 """
 
+import json
 import os
 import shlex
 import subprocess
@@ -15,31 +16,41 @@ import sys
 from typing import List, Mapping, Optional, Sequence
 
 from tfhvd.runner.common import (  # noqa: F401  (Slot, plan_slots, worker_env re-exported)
-    Slot, forwarded_env, plan_slots, set_pdeathsig, worker_env)
+    Slot, forwarded_env, on_command_line, plan_slots, set_pdeathsig, worker_env)
 from tfhvd.common.secret import HOROVOD_SECRET_ENV, SECRET_ENV
 
 
 def remote_command(ssh: Sequence[str], host: str, command: Sequence[str],
                    env: Mapping[str, str], cwd: str, python: str = sys.executable) -> List[str]:
     """The ssh command line that runs ``command`` as one rank on ``host``:
-    in ``cwd``, with the forwarded part of ``env``, under the guard (which
-    ends the rank when the ssh connection goes away).  The forwarded
-    variables are those mpirun -x would pass (PATH, LD_LIBRARY_PATH,
-    PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_*, TF_*), except the job's secret:
-    a command line is visible to every user of both hosts (``ps``), so the
-    secret comes as the first line of the ssh's stdin (``Worker``'s
-    ``stdin_line``), read into the environment before the rank starts."""
+    in ``cwd``, under the guard (which ends the rank when the ssh connection
+    goes away), with the forwarded part of ``env`` (every variable, as
+    horovodrun passes them: :func:`forwarded_env`).  Only PATH,
+    LD_LIBRARY_PATH, PYTHONPATH, TFHVD_*, HOROVOD_* , NCCL_* and TF_* are
+    written on it, the job's secret excepted: a command line is visible to
+    every user of both hosts (``ps``), so the secret and the user's other
+    variables (API keys, say) come as the first line of the ssh's stdin
+    (:func:`remote_env_line`, ``Worker``'s ``stdin_line``), which the guard
+    reads into the rank's environment before it starts the rank."""
     hidden = (SECRET_ENV, HOROVOD_SECRET_ENV)
     assigns = " ".join("%s=%s" % (k, shlex.quote(env[k])) for k in forwarded_env(env)
-                       if k not in hidden)
-    read = ""
-    if any(k in env for k in hidden):
-        read = "IFS= read -r %s && export %s %s=\"$%s\" && " % (
-            SECRET_ENV, SECRET_ENV, HOROVOD_SECRET_ENV, SECRET_ENV)
-    inner = "cd %s && %sexec env %s %s -m tfhvd.runner.gloo.guard -- %s" % (
-        shlex.quote(cwd), read, assigns, shlex.quote(python),
+                       if on_command_line(k) and k not in hidden)
+    inner = "cd %s && exec env %s %s -m tfhvd.runner.gloo.guard --env-line -- %s" % (
+        shlex.quote(cwd), assigns, shlex.quote(python),
         " ".join(shlex.quote(c) for c in command))
     return list(ssh) + ["-o", "BatchMode=yes", host.strip("[]"), inner]
+
+
+def remote_env_line(env: Mapping[str, str], secret: Optional[str]) -> str:
+    """The first line a remote rank's guard reads from stdin: JSON of the
+    forwarded variables :func:`remote_command` leaves off the command line,
+    and the job's secret under both its names."""
+    extra = {k: env[k] for k in forwarded_env(env) if not on_command_line(k)}
+    for k in (SECRET_ENV, HOROVOD_SECRET_ENV):
+        extra.pop(k, None)
+        if secret is not None:
+            extra[k] = secret
+    return json.dumps(extra, sort_keys=True)
 
 
 class Worker:
