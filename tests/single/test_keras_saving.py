@@ -110,3 +110,62 @@ def test_tf_keras_model_with_a_distributed_optimizer_loads_from_h5_and_savedmode
                 want = "LOADED %s %s %s True tfhvd._keras.optimizer %s" % (
                     tag, kind, how, rate[tag])
                 assert want in out.stdout, (want, out.stdout)
+
+
+FACTORY_SAVE_AND_LOAD = """
+import os, tempfile
+import numpy as np
+import tensorflow as tf
+legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+if legacy:
+    import tfhvd.tensorflow.keras as hvd
+    keras = tf.keras
+else:
+    import keras
+    import tfhvd.keras as hvd
+hvd.init()
+
+
+class TestOptimizer(keras.optimizers.RMSprop):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+
+
+made = []
+
+
+def factory(**kw):
+    made.append(sorted(kw))
+    return hvd.DistributedOptimizer(TestOptimizer(**kw))
+
+
+for ext in ([".h5", ".keras"] if legacy else [".keras"]):
+    model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)])
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(
+        TestOptimizer(learning_rate=1e-4)))
+    model.train_on_batch(np.ones((1, 3)), np.ones((1, 2)))
+    path = os.path.join(FOLDER, "m" + ext)
+    model.save(path)
+    del made[:]
+    loaded = hvd.load_model(path, custom_objects={"TestOptimizer": factory})
+    opt = loaded.optimizer
+    loaded.train_on_batch(np.ones((1, 3)), np.ones((1, 2)))
+    print("LOADED", ext, len(made), "learning_rate" in made[0], isinstance(opt, TestOptimizer),
+          type(opt).__module__, round(float(np.asarray(opt.learning_rate)), 6))
+"""
+
+
+def test_horovods_custom_objects_factory_loads_a_distributed_optimizer(python_run, tmp_path):
+    """Horovod's test_load_model_custom_objects: ``custom_objects={"Cls": lambda **kw:
+    hvd.DistributedOptimizer(Cls(**kw))}``.  Keras handed the factory itself (Keras 3,
+    tf-keras's .keras) or the distributed optimizer it made (tf-keras's .h5) to the
+    loader, which failed ("type 'function' is not an acceptable base type", "Cannot
+    create a consistent method resolution order")."""
+    code = FACTORY_SAVE_AND_LOAD.replace("FOLDER", repr(str(tmp_path)))
+    for legacy, exts in (("1", (".h5", ".keras")), ("0", (".keras",))):
+        out = python_run(code, env={"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": legacy},
+                         timeout=240)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        for ext in exts:
+            want = "LOADED %s 1 True True tfhvd._keras.optimizer 0.0001" % ext
+            assert want in out.stdout, (legacy, want, out.stdout)

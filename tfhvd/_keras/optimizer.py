@@ -430,6 +430,14 @@ def loader_class(flavor: str) -> type:
                 raise ValueError("a tfhvd DistributedOptimizer config needs 'optimizer_class' "
                                  "under 'tfhvd'")
             base_opt = _deserialize_wrapped(flavor, identity, config, custom_objects)
+            # Horovod's recipe: custom_objects={"Cls": lambda **kw:
+            # hvd.DistributedOptimizer(Cls(**kw))}.  Keras hands back the
+            # factory (Keras 3, tf-keras's .keras) or what it made (tf-keras's
+            # legacy loader); a distributed optimizer it made is the user's.
+            if not hasattr(base_opt, "apply_gradients") and callable(base_opt):
+                base_opt = base_opt(**config)
+            if isinstance(base_opt, DistributedOptimizerBase):
+                return base_opt
             reduction = GradientReduction.from_config(settings)
             cls_ = distributed_class(type(base_opt), flavor)
             return cls_._tfhvd_create(base_opt.get_config(), reduction, custom_objects)
