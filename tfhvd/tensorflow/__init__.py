@@ -84,5 +84,8 @@ __all__ += ["DelayedGradients", "LocalSGD", "delayed_gradients_for"]
 from tfhvd.common.util import check_extension, gpu_available, split_list  # noqa: E402
 from tfhvd.tensorflow import mpi_ops  # noqa: E402,F401
 from tfhvd.tensorflow.util import refs_to_vars, vars_to_refs  # noqa: E402
+# Private, but horovod.tensorflow re-exports them and Horovod's own tests call
+# hvd._executing_eagerly().
+from tfhvd.tensorflow.util import _cache, _executing_eagerly, _make_subgraph  # noqa: E402,F401
 
 __all__ += ["check_extension", "gpu_available", "refs_to_vars", "split_list", "vars_to_refs"]
