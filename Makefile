@@ -12,6 +12,13 @@ LIB := tfhvd/tfhvd_ops.so
 NATIVE_SOURCES := $(shell find tfhvd_ops tests/core -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt')
 DEPS_STAMP := $(VENV)/.tfhvd-deps
 INSTALL_STAMP := $(VENV)/.tfhvd-install
+# matplotlib (timeline pictures) beside the venv, not in it: Keras imports pyplot
+# eagerly wherever it can, about 0.8 s of CPU in every TensorFlow process
+# (requirements-timeline.txt).  The tests that draw, and the docs' commands, put
+# it on PYTHONPATH (TIMELINE_DEPS, tests/conftest.py).
+TIMELINE_DEPS := $(VENV)/timeline-deps
+TIMELINE_STAMP := $(TIMELINE_DEPS)/.tfhvd-timeline-deps
+export TIMELINE_DEPS_DIR := $(abspath $(TIMELINE_DEPS))
 
 # mpirun as a user expects it here: root needs --allow-run-as-root, 2 cores need
 # --oversubscribe for -np 3; the vader single-copy mechanism needs ptrace, which
@@ -49,7 +56,7 @@ GPU_SOURCES := $(shell find tfhvd_ops tests/gpu -path tests/gpu/fake_cuda -prune
 	-o -name '*.h' -o -name '*.cu' -o -name '*.cmake' -o -name 'CMakeLists.txt' \
 	-o -name 'gpu_config.py' -o -name 'build_device_code.py' \) -print)
 
-setup: system-packages $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP)
+setup: system-packages $(DEPS_STAMP) $(LIB) $(INSTALL_STAMP) $(TIMELINE_STAMP)
 
 # Every compile of the library (main, Gloo-only, GPU) and of the fake-GPU harness
 # goes through ccache where it is installed (make test installs it), with its
@@ -80,6 +87,14 @@ $(DEPS_STAMP): requirements.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements.txt
+	@# A venv made before matplotlib moved beside it (TIMELINE_DEPS) drops its copy.
+	@$(PIP) uninstall -q -y matplotlib 2>/dev/null || true
+	@touch $@
+
+$(TIMELINE_STAMP): requirements-timeline.txt $(DEPS_STAMP)
+	@echo "== installing matplotlib for timeline pictures into $(TIMELINE_DEPS)"
+	@rm -rf $(TIMELINE_DEPS)
+	$(PIP) install -q --no-deps --target $(TIMELINE_DEPS) -r requirements-timeline.txt
 	@touch $@
 
 $(LIB): $(NATIVE_SOURCES) setup.py $(DEPS_STAMP)

@@ -255,7 +255,9 @@ def run_env(venv: str) -> Dict[str, str]:
     """A reader's shell with the venv active; no job of the caller leaks in."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "TFHVD_", "HOROVOD_"))}
-    env.pop("PYTHONPATH", None)
+    # A reader who installed the timeline extra: matplotlib, which `make setup`
+    # keeps beside the venv (requirements-timeline.txt), is importable.
+    env["PYTHONPATH"] = os.environ.get("TIMELINE_DEPS_DIR") or os.path.join(venv, "timeline-deps")
     env["VIRTUAL_ENV"] = venv
     env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

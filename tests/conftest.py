@@ -11,6 +11,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def timeline_deps() -> str:
+    """The folder `make setup` installs matplotlib into, beside the venv
+    (requirements-timeline.txt; Keras would import it in every TensorFlow
+    process from the venv): the timeline tests put it on their path, as a
+    user who installed the ``timeline`` extra has it."""
+    return os.environ.get("TIMELINE_DEPS_DIR") or os.path.join(ROOT, ".venv", "timeline-deps")
+
+
 def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment for a child job: a child of an mpirun rank must not think it
     is part of that job, and only the settings a test gives apply."""

@@ -138,14 +138,19 @@ def test_summarize_and_render_a_real_timeline(tmp_path):
     assert data["allreduce"]["count"] == n_allreduce
     assert abs(data["allreduce"]["mean_ms"] * n_allreduce - data["allreduce"]["total_ms"]) < 1e-6
 
-    # The picture (matplotlib, the timeline extra), read back: bars of the
-    # allreduce colour in a PNG of the asked width.
+    # The picture (matplotlib, the timeline extra, beside the venv:
+    # conftest.timeline_deps), read back: bars of the allreduce colour in a PNG
+    # of the asked width.
+    from conftest import timeline_deps
+
+    sys.path.append(timeline_deps())
     from matplotlib.image import imread
 
     from tfhvd.timeline.layout import PHASE_COLORS
 
     png = tmp_path / "real.png"
-    out = run(tfhvd_timeline() + ["render", str(path), "-o", str(png)], timeout=120)
+    out = run(tfhvd_timeline() + ["render", str(path), "-o", str(png)], timeout=120,
+              env=clean_env({"PYTHONPATH": timeline_deps()}))
     assert out.rc == 0, out.explain()
     img = (imread(str(png))[:, :, :3] * 255).round().astype(int)
     assert img.shape[1] == 1400

@@ -1,6 +1,7 @@
 """tfhvd.timeline: timeline reading, the summary table and the picture (drawn
-with matplotlib, the optional 'timeline' extra, which make setup installs), on
-traces whose numbers are known; and the package's import rule."""
+with matplotlib, the optional 'timeline' extra, which make setup installs beside
+the venv: conftest.timeline_deps), on traces whose numbers are known; and the
+package's import rule."""
 
 import json
 import os
@@ -10,12 +11,15 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import timeline_deps
 from tfhvd.timeline import cli as timeline_cli
 from tfhvd.timeline.analysis import TimelineError, format_table, load, parse, summarize
 from tfhvd.timeline.layout import PHASE_COLORS
 from tfhvd.timeline.picture import write_picture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# matplotlib, after the venv's own packages.
+sys.path.append(timeline_deps())
 
 
 def trace_events(pid=0):
