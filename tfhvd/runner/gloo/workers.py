@@ -26,7 +26,7 @@ def remote_command(ssh: Sequence[str], host: str, command: Sequence[str],
     in ``cwd``, under the guard (which ends the rank when the ssh connection
     goes away), with the forwarded part of ``env`` (every variable, as
     horovodrun passes them: :func:`forwarded_env`).  Only PATH,
-    LD_LIBRARY_PATH, PYTHONPATH, TFHVD_*, HOROVOD_* , NCCL_* and TF_* are
+    LD_LIBRARY_PATH, PYTHONPATH, TFHVD_*, HOROVOD_*, NCCL_* and TF_* are
     written on it, the job's secret excepted: a command line is visible to
     every user of both hosts (``ps``), so the secret and the user's other
     variables (API keys, say) come as the first line of the ssh's stdin
@@ -46,10 +46,8 @@ def remote_env_line(env: Mapping[str, str], secret: Optional[str]) -> str:
     forwarded variables :func:`remote_command` leaves off the command line,
     and the job's secret under both its names."""
     extra = {k: env[k] for k in forwarded_env(env) if not on_command_line(k)}
-    for k in (SECRET_ENV, HOROVOD_SECRET_ENV):
-        extra.pop(k, None)
-        if secret is not None:
-            extra[k] = secret
+    if secret is not None:
+        extra.update({SECRET_ENV: secret, HOROVOD_SECRET_ENV: secret})
     return json.dumps(extra, sort_keys=True)
 
 
